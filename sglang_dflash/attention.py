@@ -1,0 +1,101 @@
+"""Draft attention: the block's queries over [committed context K/V ; the block's own K/V].
+
+`visibility` is the one statement of which keys a query sees (used by serving and training).
+`SdpaDraftAttention` is the PyTorch path used on CPU: it gathers each request's context K/V from
+the draft KV store into a padded batch and runs `scaled_dot_product_attention`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.kv_store import DraftKVStore
+
+
+def visibility(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    k_valid: torch.Tensor,
+    *,
+    causal: bool,
+    window: Optional[int],
+) -> torch.Tensor:
+    """Which keys each query may attend to, by absolute position.
+
+    q_pos [..., Q], k_pos [..., K], k_valid [..., K] -> bool [..., Q, K].
+    Full-attention DFlash layers are non-causal: a block query sees every valid key. Sliding
+    layers follow the reference: causal unless the config says otherwise, within `window`.
+    """
+    q = q_pos.unsqueeze(-1)
+    k = k_pos.unsqueeze(-2)
+    visible = k_valid.unsqueeze(-2).expand(*q_pos.shape, k_pos.shape[-1])
+    if causal:
+        visible = visible & (k <= q)
+    if window is not None:
+        visible = visible & (q - k < window)
+        if not causal:
+            visible = visible & (k - q < window)
+    return visible
+
+
+class SdpaDraftAttention:
+    """One step's draft attention over the store, batched with padding.
+
+    Shapes: bs requests, Bd block tokens each, C = longest committed context in the batch.
+    """
+
+    def __init__(self, config: DFlashDraftConfig, store: DraftKVStore):
+        self.config = config
+        self.store = store
+        self.scale = config.head_dim**-0.5
+
+    def bind(
+        self,
+        context_slots: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+    ) -> "SdpaDraftAttention":
+        """context_slots [bs, C] (entries past context_lens are ignored), context_lens [bs]."""
+        bs, c = context_slots.shape
+        device = context_slots.device
+        self.context_slots = context_slots
+        self.bs, self.block_size = bs, block_size
+        offs = torch.arange(block_size, device=device)
+        q_pos = context_lens[:, None] + offs  # [bs, Bd]
+        k_pos = torch.cat([torch.arange(c, device=device).expand(bs, c), q_pos], dim=1)
+        k_valid = torch.cat(
+            [
+                torch.arange(c, device=device)[None, :] < context_lens[:, None],
+                torch.ones_like(q_pos, dtype=torch.bool),
+            ],
+            dim=1,
+        )  # [bs, C + Bd]
+        masks: dict[tuple, torch.Tensor] = {}
+        self.masks = []
+        for layer_id in range(self.config.num_hidden_layers):
+            kind = (self.config.layer_is_causal(layer_id), self.config.layer_window(layer_id))
+            if kind not in masks:
+                masks[kind] = visibility(q_pos, k_pos, k_valid, causal=kind[0], window=kind[1])[:, None]
+            self.masks.append(masks[kind])  # [bs, 1, Bd, C + Bd]
+        return self
+
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
+        bs, bd = self.bs, self.block_size
+        k_ctx = self.store.k[layer_id][self.context_slots].to(k.dtype)  # [bs, C, kv_heads, d]
+        v_ctx = self.store.v[layer_id][self.context_slots].to(v.dtype)
+        keys = torch.cat([k_ctx, k.view(bs, bd, *k.shape[1:])], dim=1).transpose(1, 2)
+        values = torch.cat([v_ctx, v.view(bs, bd, *v.shape[1:])], dim=1).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.view(bs, bd, *q.shape[1:]).transpose(1, 2),
+            keys,
+            values,
+            attn_mask=self.masks[layer_id],
+            scale=self.scale,
+            enable_gqa=keys.shape[1] != q.shape[1],
+        )  # [bs, heads, Bd, d]
+        return out.transpose(1, 2).reshape(bs * bd, *q.shape[1:])

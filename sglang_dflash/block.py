@@ -1,0 +1,53 @@
+"""Pure functions that lay out one decode step's draft block and verify window."""
+
+from __future__ import annotations
+
+import torch
+
+
+def prepare_draft_block(
+    bonus_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    *,
+    mask_token_id: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft block `[bonus, MASK x (Bd-1)]` and its absolute positions.
+
+    bonus_tokens [bs], prefix_lens [bs] (committed lengths) -> block_ids, positions [bs, Bd].
+    E.g., bonus=[7, 9], prefix_lens=[3, 5], Bd=3 -> ids [[7,M,M],[9,M,M]], pos [[3,4,5],[5,6,7]].
+    """
+    bs = bonus_tokens.shape[0]
+    block_ids = torch.full((bs, block_size), mask_token_id, dtype=torch.int64, device=bonus_tokens.device)
+    block_ids[:, 0] = bonus_tokens
+    positions = prefix_lens.to(torch.int64)[:, None] + torch.arange(block_size, device=prefix_lens.device)
+    return block_ids, positions
+
+
+def gather_slots(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    start: torch.Tensor | int,
+    width: int,
+) -> torch.Tensor:
+    """KV slot ids `req_to_token[r, start : start + width]` for each request -> [bs, width].
+
+    E.g., start=prefix_lens=[3, 5], width=2 -> rows req_to_token[r0, 3:5], req_to_token[r1, 5:7].
+    """
+    cols = torch.arange(width, device=req_to_token.device)
+    if isinstance(start, torch.Tensor):
+        cols = start.to(torch.int64)[:, None] + cols
+    else:
+        cols = (start + cols).expand(req_pool_indices.shape[0], width)
+    return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols].to(torch.int64)
+
+
+def extend_positions(
+    prefix_lens: list[int], extend_lens: list[int], device: torch.device | str
+) -> torch.Tensor:
+    """Absolute positions of the tokens an extend (prefill chunk) forward just wrote.
+
+    E.g., prefix_lens=[0, 4], extend_lens=[2, 3] -> [0, 1, 4, 5, 6].
+    """
+    positions = [p + i for p, n in zip(prefix_lens, extend_lens) for i in range(n)]
+    return torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True)

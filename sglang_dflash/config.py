@@ -1,0 +1,288 @@
+"""The DFlash draft checkpoint format (z-lab `DFlashDraftModel`), parsed and validated.
+
+A checkpoint is a directory with `config.json` and safetensors weights. The config is a
+Qwen3 decoder config plus the DFlash fields:
+
+    {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 5, "hidden_size": 4096, ...,
+     "block_size": 16, "num_target_layers": 36,
+     "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669}}
+
+Every DFlash key is read from `dflash_config` first, then from the top level, as the reference
+loaders do. Every problem raises `CheckpointError` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+ARCHITECTURE = "DFlashDraftModel"
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class CheckpointError(ValueError):
+    """A DFlash draft checkpoint (or its pairing with a target) is unusable."""
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference default: round(linspace(1, L-3, n)), or L//2 for a single draft layer.
+
+    E.g., L=36, n=5 -> [1, 9, 17, 25, 33].
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end < start:
+        raise CheckpointError(
+            f"default target_layer_ids need a target with at least 4 layers, got {num_target_layers}"
+        )
+    span = end - start
+    return [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def _int_field(raw: dict, name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CheckpointError(f"draft config field {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DFlashDraftConfig:
+    """Everything the draft network and the worker need from `config.json`."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    attention_bias: bool
+    block_size: int
+    mask_token_id: int
+    # None: not in the checkpoint; resolved against the target by `resolve_target_layer_ids`.
+    target_layer_ids: Optional[tuple[int, ...]]
+    num_target_layers: Optional[int]
+    # Per draft layer: "full_attention" (non-causal) or "sliding_attention".
+    layer_types: tuple[str, ...]
+    sliding_window: Optional[int]
+    # None: follow the reference (sliding layers causal, full layers not).
+    is_causal: Optional[bool]
+    rope: dict  # {"rope_type": str, "rope_theta": float, ...} in transformers' format
+    max_position_embeddings: int
+    input_embedding_scale: float = 1.0
+    vocab_size: Optional[int] = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def layer_is_causal(self, layer_id: int) -> bool:
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types[layer_id] == "sliding_attention"
+
+    def layer_window(self, layer_id: int) -> Optional[int]:
+        return self.sliding_window if self.layer_types[layer_id] == "sliding_attention" else None
+
+    # ------------------------------------------------------------------ parsing
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "DFlashDraftConfig":
+        if not path or not os.path.isdir(path):
+            raise CheckpointError(f"draft checkpoint path {path!r} is not a directory")
+        config_path = os.path.join(path, "config.json")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"draft checkpoint {path!r} has no config.json")
+        try:
+            with open(config_path) as f:
+                raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"draft config {config_path!r} is not valid JSON: {e}") from e
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DFlashDraftConfig":
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"draft config must be a JSON object, got {type(raw).__name__}")
+        dflash = raw.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise CheckpointError(f"draft config field 'dflash_config' must be an object, got {dflash!r}")
+
+        def get(name: str, default: Any = None) -> Any:
+            return dflash.get(name, raw.get(name, default))
+
+        def require(name: str) -> Any:
+            value = get(name)
+            if value is None:
+                raise CheckpointError(f"draft config is missing the field {name!r}")
+            return value
+
+        archs = raw.get("architectures")
+        if not isinstance(archs, list) or ARCHITECTURE not in archs:
+            raise CheckpointError(
+                f"draft config field 'architectures' must contain {ARCHITECTURE!r}, got {archs!r}"
+            )
+
+        hidden_size = _int_field(raw, "hidden_size", require("hidden_size"), minimum=1)
+        num_layers = _int_field(raw, "num_hidden_layers", require("num_hidden_layers"), minimum=1)
+        num_heads = _int_field(raw, "num_attention_heads", require("num_attention_heads"), minimum=1)
+        num_kv_heads = _int_field(
+            raw, "num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1
+        )
+        if num_heads % num_kv_heads:
+            raise CheckpointError(
+                f"draft config field 'num_attention_heads' ({num_heads}) must be a multiple of "
+                f"'num_key_value_heads' ({num_kv_heads})"
+            )
+        head_dim = get("head_dim") or hidden_size // num_heads
+        head_dim = _int_field(raw, "head_dim", head_dim, minimum=2)
+        if head_dim % 2:
+            raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
+        intermediate = _int_field(raw, "intermediate_size", require("intermediate_size"), minimum=1)
+        act = get("hidden_act", "silu")
+        if act != "silu":
+            raise CheckpointError(f"draft config field 'hidden_act' must be 'silu', got {act!r}")
+        eps = get("rms_norm_eps", 1e-6)
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+            raise CheckpointError(f"draft config field 'rms_norm_eps' must be a positive number, got {eps!r}")
+        bias = get("attention_bias", False)
+        if not isinstance(bias, bool):
+            raise CheckpointError(f"draft config field 'attention_bias' must be a boolean, got {bias!r}")
+
+        block_size = _int_field(raw, "block_size", require("block_size"), minimum=2)
+        mask_token_id = _int_field(raw, "mask_token_id", require("mask_token_id"), minimum=0)
+
+        num_target_layers = get("num_target_layers")
+        if num_target_layers is not None:
+            num_target_layers = _int_field(raw, "num_target_layers", num_target_layers, minimum=1)
+        layer_ids = get("target_layer_ids")
+        if layer_ids is not None:
+            if (
+                not isinstance(layer_ids, list)
+                or not layer_ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
+            ):
+                raise CheckpointError(
+                    f"draft config field 'target_layer_ids' must be a non-empty list of integers, "
+                    f"got {layer_ids!r}"
+                )
+            layer_ids = tuple(layer_ids)
+
+        layer_types = get("layer_types") or ["full_attention"] * num_layers
+        if (
+            not isinstance(layer_types, list)
+            or len(layer_types) != num_layers
+            or any(t not in LAYER_TYPES for t in layer_types)
+        ):
+            raise CheckpointError(
+                f"draft config field 'layer_types' must list one of {LAYER_TYPES} per layer "
+                f"({num_layers} layers), got {layer_types!r}"
+            )
+        sliding_window = get("sliding_window")
+        if "sliding_attention" in layer_types:
+            sliding_window = _int_field(raw, "sliding_window", sliding_window, minimum=1)
+        else:
+            sliding_window = None
+        is_causal = get("is_causal")
+        if is_causal is not None and not isinstance(is_causal, bool):
+            raise CheckpointError(f"draft config field 'is_causal' must be a boolean, got {is_causal!r}")
+
+        scale = get("input_embedding_scale", 1.0)
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+            raise CheckpointError(
+                f"draft config field 'input_embedding_scale' must be a number, got {scale!r}"
+            )
+        vocab_size = get("vocab_size")
+        if vocab_size is not None:
+            vocab_size = _int_field(raw, "vocab_size", vocab_size, minimum=1)
+
+        return cls(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            rms_norm_eps=float(eps),
+            attention_bias=bias,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=layer_ids,
+            num_target_layers=num_target_layers,
+            layer_types=tuple(layer_types),
+            sliding_window=sliding_window,
+            is_causal=is_causal,
+            rope=_parse_rope(raw),
+            max_position_embeddings=int(get("max_position_embeddings", 32768)),
+            input_embedding_scale=float(scale),
+            vocab_size=vocab_size,
+        )
+
+    # ------------------------------------------------------- pairing with a target
+
+    def resolve_target_layer_ids(self, target_num_layers: int) -> tuple[int, ...]:
+        """The target layers whose outputs feed the draft, checked against the target.
+
+        SGLang captures the residual stream *entering* layer `id + 1`, so the last usable id is
+        L-2 for a target with L layers.
+        """
+        ids = self.target_layer_ids
+        if ids is None:
+            ids = tuple(build_target_layer_ids(target_num_layers, self.num_hidden_layers))
+        for i, layer_id in enumerate(ids):
+            if not 0 <= layer_id <= target_num_layers - 2:
+                raise CheckpointError(
+                    f"draft config field 'target_layer_ids' has {layer_id} at index {i}, out of "
+                    f"range [0, {target_num_layers - 2}] for a target with {target_num_layers} layers"
+                )
+        return ids
+
+    def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
+        """The verify width B may be smaller than the trained block, never larger."""
+        if not 2 <= num_draft_tokens <= self.block_size:
+            raise CheckpointError(
+                f"--speculative-num-draft-tokens {num_draft_tokens} must be between 2 and the "
+                f"draft checkpoint's block_size {self.block_size}"
+            )
+
+    def check_target(self, *, hidden_size: int, vocab_size: int, num_layers: int) -> tuple[int, ...]:
+        """Validate the pairing with a target; return the resolved target layer ids."""
+        if hidden_size != self.hidden_size:
+            raise CheckpointError(
+                f"draft config field 'hidden_size' is {self.hidden_size} but the target's "
+                f"hidden_size is {hidden_size}"
+            )
+        if self.mask_token_id >= vocab_size:
+            raise CheckpointError(
+                f"draft config field 'mask_token_id' is {self.mask_token_id}, at or beyond the "
+                f"target's vocab_size {vocab_size}"
+            )
+        return self.resolve_target_layer_ids(num_layers)
+
+
+def _parse_rope(raw: dict) -> dict:
+    """RoPE parameters in transformers' `rope_parameters` form (v5), from either config style."""
+    params = raw.get("rope_parameters")
+    if params is None:
+        params = dict(raw.get("rope_scaling") or {})
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params.pop("type")
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    params = dict(params)
+    params.setdefault("rope_type", "default")
+    theta = params.get("rope_theta")
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
+        raise CheckpointError(f"draft config field 'rope_theta' must be a positive number, got {theta!r}")
+    if params["rope_type"] in ("dynamic",):
+        raise CheckpointError(
+            f"draft config rope type {params['rope_type']!r} is not supported (position-dependent)"
+        )
+    return params

@@ -1,0 +1,257 @@
+"""The DFlash draft network: one definition, used by serving and by training.
+
+Terminology (used the same way everywhere in this package):
+  * target features: the target's hidden states after the layers in `target_layer_ids`,
+    concatenated per token, `[N, K*H]`.
+  * context feature: `hidden_norm(fc(target features))`, `[N, H]`; every draft layer projects
+    it through its own `k_proj`/`v_proj` (no `input_layernorm`) into context K/V.
+  * block: `[bonus, MASK x (B-1)]`, embedded with the target's embeddings; the block's queries
+    attend to the committed context K/V and to the whole block, non-causally.
+
+The module holds weights and layer maths only. Where context K/V live, and which keys a query
+may see, is the caller's business: `forward` takes an `attend(layer_id, q, k, v)` callable that
+receives the block's own projections and returns the attention output.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+
+logger = logging.getLogger(__name__)
+
+# attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: normalise in fp32, scale in the input dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE at absolute positions, with transformers' frequency tables."""
+
+    def __init__(self, config: DFlashDraftConfig):
+        super().__init__()
+        # Kept in fp32 and out of the module's buffers, so `.to(bfloat16)` cannot round it.
+        self.inv_freq, self.attention_scaling = _rope_inv_freq(config)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [N] -> cos, sin [N, head_dim]
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x [N, heads, head_dim]; cos, sin [N, head_dim]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def _rope_inv_freq(config: DFlashDraftConfig) -> tuple[torch.Tensor, float]:
+    rope = config.rope
+    if rope["rope_type"] == "default":
+        dim = config.head_dim
+        exponent = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+        return 1.0 / (float(rope["rope_theta"]) ** exponent), 1.0
+    from transformers import PretrainedConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise CheckpointError(f"draft config rope type {rope['rope_type']!r} is not supported")
+    hf = PretrainedConfig(
+        rope_parameters=dict(rope),
+        head_dim=config.head_dim,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+    )
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, "cpu")
+    return inv_freq.float(), float(scaling)
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def project_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, H] -> k, v [N, kv_heads, head_dim]; k is k_norm'ed and rotated."""
+        k = self.k_norm(self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        return RotaryEmbedding.apply(k, cos, sin), v
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
+        q = self.q_norm(self.q_proj(x).view(-1, self.num_heads, self.head_dim))
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        out = attend(self.layer_id, q, k, v)  # [N, heads, head_dim]
+        return self.o_proj(out.reshape(x.shape[0], -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, config: DFlashDraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int):
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_id)
+        self.mlp = DFlashMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    """Draft layers plus the feature fusion (`fc`, `hidden_norm`); no embedding, no LM head."""
+
+    def __init__(self, config: DFlashDraftConfig, num_target_features: int):
+        super().__init__()
+        self.config = config
+        self.num_target_features = num_target_features  # K, the number of captured layers
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    # ------------------------------------------------------------ layer maths
+
+    def fuse_target_features(self, target_features: torch.Tensor) -> torch.Tensor:
+        """[N, K*H] -> context feature [N, H]."""
+        return self.hidden_norm(self.fc(target_features))
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Context feature [N, H] at `positions` [N] -> k, v [L, N, kv_heads, head_dim]."""
+        cos, sin = self.rotary_emb.cos_sin(positions, context.dtype)
+        ks, vs = zip(*(layer.self_attn.project_kv(context, cos, sin) for layer in self.layers))
+        return torch.stack(ks), torch.stack(vs)
+
+    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        """Block embeddings [N, H] at `positions` [N] -> final hidden states [N, H]."""
+        x = block_embeds
+        if self.config.input_embedding_scale != 1.0:
+            x = x * self.config.input_embedding_scale
+        cos, sin = self.rotary_emb.cos_sin(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attend)
+        return self.norm(x)
+
+    # --------------------------------------------------------------- weights
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        config: DFlashDraftConfig,
+        num_target_features: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> "DFlashDraftModel":
+        with torch.device("meta"):
+            model = cls(config, num_target_features)
+        state = _read_safetensors(path)
+        model.load_checkpoint_state(state)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load z-lab weight names (optionally `model.`-prefixed); missing or misshapen -> error."""
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        expected = dict(self.named_parameters())
+        fc = state.get("fc.weight")
+        want = tuple(expected["fc.weight"].shape)
+        if fc is not None and tuple(fc.shape) != want:
+            raise CheckpointError(
+                f"draft weight 'fc.weight' has shape {tuple(fc.shape)}, expected {want}: "
+                f"{self.num_target_features} target layers x hidden_size {self.config.hidden_size}"
+            )
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise CheckpointError(f"draft checkpoint is missing weights: {missing[:8]}")
+        for name, param in expected.items():
+            got, want = tuple(state[name].shape), tuple(param.shape)
+            if got != want:
+                raise CheckpointError(f"draft weight {name!r} has shape {got}, expected {want}")
+        unused = sorted(set(state) - set(expected))
+        if unused:
+            logger.info(
+                "DFlash draft checkpoint: ignoring %d unused tensors, e.g. %s", len(unused), unused[:4]
+            )
+        self.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
+
+    def save_pretrained(self, path: str, raw_config: dict, dtype: Optional[torch.dtype] = None) -> None:
+        """Write `config.json` and `model.safetensors` in the z-lab format."""
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(raw_config, f, indent=2, sort_keys=True)
+        tensors = {
+            name: (p.detach().to(dtype) if dtype else p.detach()).contiguous().cpu()
+            for name, p in self.named_parameters()
+        }
+        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files: Iterable[str] = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"draft checkpoint {path!r} has no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    return state

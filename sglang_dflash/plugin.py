@@ -1,0 +1,105 @@
+"""The SGLang plugin entry point (group `sglang.srt.plugins`).
+
+SGLang calls `register()` in every process it starts, and swallows any error it raises, so
+`register()` only records hooks (cheap, idempotent) and everything heavy happens inside them:
+
+* AROUND `SpeculativeAlgorithm.create_worker`: DFLASH gets `DFlashWorker`. Because the
+  algorithm keeps its built-in name, SGLang still does its DFLASH-specific set-up: capturing the
+  target's hidden states, budgeting the draft KV per token, reserving verify slots.
+* AROUND `_handle_dflash`: DFLASH argument resolution that accepts CPU and validates the draft
+  checkpoint early (`server_args.py`).
+
+Hooks that only matter inside the scheduler are installed by `install_scheduler_hooks()`, from
+the `create_worker` hook, so the other processes never import their targets.
+
+`SGLANG_DFLASH_IMPL=builtin` hands DFLASH back to SGLang's built-in worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sglang_dflash import IMPL_NAME
+
+logger = logging.getLogger(__name__)
+
+IMPL_ENV = "SGLANG_DFLASH_IMPL"
+BUILTIN = "builtin"
+_registered = False
+_scheduler_hooks_installed = False
+
+
+def use_builtin() -> bool:
+    value = os.environ.get(IMPL_ENV, IMPL_NAME).strip().lower()
+    if value not in (IMPL_NAME, BUILTIN):
+        raise ValueError(f"{IMPL_ENV} must be {IMPL_NAME!r} or {BUILTIN!r}, got {value!r}")
+    return value == BUILTIN
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", _create_worker, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook._handle_dflash", _handle_dflash, HookType.AROUND
+    )
+
+
+def _create_worker(original, self, server_args):
+    if not self.is_dflash():
+        return original(self, server_args)
+    install_scheduler_hooks()
+    if use_builtin():
+        logger.info("DFLASH is served by SGLang's built-in worker (%s=%s)", IMPL_ENV, BUILTIN)
+        return original(self, server_args)
+    from sglang_dflash.worker import DFlashWorker
+
+    return DFlashWorker
+
+
+def _handle_dflash(original, server_args):
+    if use_builtin():
+        return original(server_args)
+    from sglang_dflash.server_args import handle_dflash_server_args
+
+    return handle_dflash_server_args(server_args)
+
+
+def install_scheduler_hooks() -> None:
+    """Hooks whose targets live in the scheduler process; applied on first call."""
+    global _scheduler_hooks_installed
+    if _scheduler_hooks_installed:
+        return
+    _scheduler_hooks_installed = True
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_dflash.cpu import verify_attention
+
+    HookRegistry.register(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+        verify_attention.forward_extend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
+        _add_speculative_state,
+        HookType.AROUND,
+    )
+    HookRegistry.apply_hooks()
+
+
+def _add_speculative_state(original, self, state):
+    """Server info (`/server_info`, `Engine.get_server_info()`) names the DFLASH implementation."""
+    original(self, state)
+    scheduler = self.scheduler
+    if scheduler.spec_algorithm.is_dflash():
+        worker = scheduler.draft_worker
+        info = getattr(worker, "server_info", None)
+        state["dflash_implementation"] = info() if info is not None else BUILTIN

@@ -1,0 +1,117 @@
+"""DFLASH server-argument resolution for this package's worker.
+
+Replaces SGLang's `_handle_dflash` while sglang-dflash serves DFLASH. It keeps what that
+function decides (one draft step, top-k 1, the verify width B, 48 running requests by default),
+drops its device check (CPU is supported here), and validates the draft checkpoint against the
+target in the launching process, so a bad checkpoint fails before any subprocess starts, with
+an error that names the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "sglang_dflash.handle_dflash_server_args"
+
+
+def handle_dflash_server_args(server_args) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    cfg = resolving_view(server_args)
+    if not (cfg.device.startswith("cuda") or cfg.device == "cpu"):
+        raise ValueError(
+            f"sglang-dflash serves DFLASH on 'cuda' and 'cpu', not on device {cfg.device!r}; "
+            "set SGLANG_DFLASH_IMPL=builtin to use SGLang's built-in DFLASH"
+        )
+    for field, ok in (
+        ("pp_size", cfg.pp_size == 1),
+        ("tp_size", cfg.tp_size == 1),
+        ("enable_dp_attention", not attn_dp_enabled_of(cfg)),
+    ):
+        if not ok:
+            raise ValueError(f"sglang-dflash does not support {field}={getattr(cfg, field)!r} with DFLASH")
+    if cfg.speculative_draft_model_path is None:
+        raise ValueError("DFLASH speculative decoding requires --speculative-draft-model-path")
+
+    draft = DFlashDraftConfig.from_pretrained(cfg.speculative_draft_model_path)
+
+    for field in ("speculative_num_steps", "speculative_eagle_topk"):
+        value = getattr(cfg, field)
+        if value is not None and int(value) != 1:
+            logger.warning("DFLASH uses %s=1; overriding %s", field, value)
+        declare_resolution(server_args, SOURCE, **{field: 1})
+
+    num_draft_tokens = cfg.speculative_num_draft_tokens
+    alias = cfg.speculative_dflash_block_size
+    if alias is not None:
+        if num_draft_tokens is not None and int(num_draft_tokens) != int(alias):
+            raise ValueError(
+                f"--speculative-num-draft-tokens {num_draft_tokens} and --speculative-dflash-block-size "
+                f"{alias} must agree"
+            )
+        num_draft_tokens = alias
+    if num_draft_tokens is None:
+        num_draft_tokens = draft.block_size
+    draft.check_num_draft_tokens(int(num_draft_tokens))
+    declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(num_draft_tokens))
+
+    _check_target(cfg, draft)
+
+    if cfg.max_running_requests is None:
+        declare_resolution(server_args, SOURCE, max_running_requests=48)
+
+
+def _check_target(cfg, draft: DFlashDraftConfig) -> None:
+    """The pairing checks that need the target's config and model class."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    target = get_config(
+        cfg.model_path,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.revision,
+        model_override_args=json.loads(cfg.json_model_override_args),
+    )
+    text = target.get_text_config() if hasattr(target, "get_text_config") else target
+    draft.check_target(
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        num_layers=int(text.num_hidden_layers),
+    )
+    if draft.num_target_layers is not None and draft.num_target_layers != text.num_hidden_layers:
+        logger.warning(
+            "DFLASH draft was trained for a %d-layer target; this target has %d layers",
+            draft.num_target_layers,
+            text.num_hidden_layers,
+        )
+
+    arch, model_cls = _target_model_class(target)
+    if not hasattr(model_cls, "set_dflash_layers_to_capture"):
+        raise CheckpointError(
+            f"target architecture {arch!r} cannot capture the hidden states DFLASH needs "
+            f"({model_cls.__name__} has no set_dflash_layers_to_capture)"
+        )
+
+
+def _target_model_class(target) -> tuple[str, type]:
+    """The SGLang model class for the target, importing as little as possible: SGLang names
+    most model modules after the config's model_type; only otherwise load the whole registry."""
+    import importlib
+
+    architectures = list(getattr(target, "architectures", None) or [])
+    arch = architectures[0] if architectures else None
+    try:
+        module = importlib.import_module(f"sglang.srt.models.{target.model_type}")
+    except ImportError:
+        module = None
+    if arch is not None and isinstance(getattr(module, arch, None), type):
+        return arch, getattr(module, arch)
+    from sglang.srt.models.registry import ModelRegistry
+
+    model_cls, arch = ModelRegistry.resolve_model_cls(architectures)
+    return arch, model_cls

@@ -1,0 +1,33 @@
+"""Pure functions for block verification: which proposals the target accepts.
+
+Terms: the verify window of a request is `[bonus, d1 .. d_{B-1}]`, where `bonus` is the token
+the previous step emitted (its KV is not written yet) and `d_i` are the draft's proposals.
+The target's forward over the window yields one prediction per position. `accept_len` counts
+the leading proposals equal to the target's own predictions; the token after them is the new
+bonus. The step commits `accept_len + 1` tokens (bonus, d1 .. d_accept), and emits
+`d1 .. d_accept, new bonus`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_verify(
+    candidates: torch.Tensor, target_predict: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Longest prefix of proposals equal to the target's argmax, plus the target's next token.
+
+    candidates [bs, B] = [bonus, d1..d_{B-1}]; target_predict [bs, B] = target argmax at each
+    position. Returns accept_len [bs], out_tokens [bs, B] (row: d1..d_acc, new bonus, 0...),
+    new_bonus [bs].
+    E.g., candidates [5, 8, 2, 4], predict [8, 2, 7, 1] -> accept_len 2, out [8, 2, 7, 0], bonus 7.
+    """
+    matches = candidates[:, 1:] == target_predict[:, :-1]  # [bs, B-1]
+    accept_len = matches.to(torch.int32).cumprod(dim=1).sum(dim=1)  # [bs]
+    new_bonus = target_predict.gather(1, accept_len[:, None].to(torch.int64)).squeeze(1)
+    # Accepted proposals equal the target's predictions, so the emitted row is the target's
+    # predictions up to and including the bonus position.
+    cols = torch.arange(candidates.shape[1], device=candidates.device)
+    out_tokens = torch.where(cols[None, :] <= accept_len[:, None], target_predict, 0)
+    return accept_len, out_tokens, new_bonus

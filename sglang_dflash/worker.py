@@ -1,0 +1,276 @@
+"""`DFlashWorker`: the speculative worker SGLang runs for `--speculative-algorithm DFLASH`.
+
+One decode step, for a batch of bs requests with committed lengths `seq_lens`:
+
+  1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store
+              -> the target's lm_head argmax at block positions 1..B-1 = proposals.
+  2. verify:  one target TARGET_VERIFY forward over `[bonus, d1 .. d_{B-1}]` as a causal chain.
+  3. accept:  longest run of proposals equal to the target's predictions, plus its next token.
+  4. commit:  `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler.
+  5. inject:  the committed tokens' target features -> context K/V in the draft KV store.
+
+Prefill and extend chunks run the target forward and inject every new token (step 5).
+Bd is the checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the
+verify width: the draft always runs its full trained block, and only B tokens are verified.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Optional
+
+import torch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+from sglang_dflash import IMPL_NAME, __version__, ops
+from sglang_dflash.attention import SdpaDraftAttention
+from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
+from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.verify import greedy_verify
+
+logger = logging.getLogger(__name__)
+
+
+def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> DFlashDraftInputV2:
+    """SGLang's cross-step DFLASH state: the bonus token and committed length per request."""
+    bs, device = new_seq_lens.numel(), bonus_tokens.device
+    return DFlashDraftInputV2(
+        # Eagle-shaped fields SGLang's overlap relay reads; DFLASH leaves them empty.
+        topk_p=torch.empty((bs, 0), device=device, dtype=torch.float32),
+        topk_index=torch.empty((bs, 0), device=device, dtype=torch.int64),
+        hidden_states=torch.empty((bs, 0), device=device, dtype=torch.float16),
+        bonus_tokens=bonus_tokens.to(torch.int64),
+        new_seq_lens=new_seq_lens.to(torch.int64),
+    )
+
+
+class DFlashWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        super().__init__()
+        from sglang_dflash.plugin import install_scheduler_hooks
+
+        install_scheduler_hooks()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None  # the draft runs inside this worker, not in a TpModelWorker
+        runner = target_worker.model_runner
+        self.device = runner.device
+        if get_parallel().tp_size != 1:
+            raise ValueError("sglang-dflash serves DFLASH with tp_size 1 only")
+
+        spec = get_spec()
+        path = spec.speculative_draft_model_path
+        self.config = DFlashDraftConfig.from_pretrained(path)
+        text_config = runner.model_config.hf_text_config
+        self.vocab_size = int(runner.model_config.vocab_size)
+        layer_ids = self.config.check_target(
+            hidden_size=int(text_config.hidden_size),
+            vocab_size=self.vocab_size,
+            num_layers=int(text_config.num_hidden_layers),
+        )
+        captured = list(runner.spec_aux_config.dflash_target_layer_ids or [])
+        if captured != list(layer_ids):
+            raise RuntimeError(f"target captures layers {captured}, but the draft needs {list(layer_ids)}")
+        self.num_draft_tokens = int(spec.speculative_num_draft_tokens)  # B, the verify width
+        self.config.check_num_draft_tokens(self.num_draft_tokens)
+        self.block_size = self.config.block_size  # Bd, the trained draft block
+
+        self.draft_model = DFlashDraftModel.from_pretrained(
+            path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device
+        )
+        target = runner.model
+        self.embed_tokens = target.get_input_embeddings()
+        self.lm_head_weight = target.lm_head.weight[: self.vocab_size]  # drop vocab padding rows
+        self.store: Optional[DraftKVStore] = None
+        self.attention: Optional[SdpaDraftAttention] = None
+
+        self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
+        trace_path = os.environ.get("SGLANG_DFLASH_TRACE_PROPOSALS")
+        self.trace_file = open(trace_path, "a") if trace_path else None
+        self._warned_sampling = False
+        logger.info(
+            "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
+            "verify_width=%d draft_attention=torch-sdpa device=%s dtype=%s%s%s",
+            IMPL_NAME,
+            __version__,
+            path,
+            self.config.num_hidden_layers,
+            list(layer_ids),
+            self.block_size,
+            self.num_draft_tokens,
+            self.device,
+            runner.dtype,
+            " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
+            f" [tracing proposals to {trace_path}]" if trace_path else "",
+        )
+
+    # ------------------------------------------------------------ scheduler API
+
+    @property
+    def model_runner(self):
+        return self.target_worker.model_runner
+
+    def alloc_memory_pool(
+        self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
+    ):
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        # Same slot-id space as the target pool (SGLang budgeted the draft's bytes per token
+        # into the target pool's cell size, so this is the memory it set aside for us).
+        num_slots = self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0]
+        self.store = DraftKVStore(
+            num_slots=num_slots,
+            num_layers=self.config.num_hidden_layers,
+            num_kv_heads=self.config.num_key_value_heads,
+            head_dim=self.config.head_dim,
+            dtype=self.model_runner.dtype,
+            device=self.device,
+        )
+        self.attention = SdpaDraftAttention(self.config, self.store)
+        logger.info("DFLASH draft KV store: %d slots, %.1f MB", num_slots, self.store.nbytes / 2**20)
+
+    def server_info(self) -> str:
+        return f"{IMPL_NAME} {__version__}"
+
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._forward_extend(batch, on_publish)
+        if batch.forward_mode.is_idle():
+            return self._forward_idle(on_publish)
+        return self._forward_decode(batch, on_publish)
+
+    # ------------------------------------------------------------------ steps
+
+    def _forward_extend(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+        """Prefill / extend chunk / mixed batch: target forward, then inject every new token."""
+        result = self.target_worker.forward_batch_generation(
+            batch, capture_hidden_mode=CaptureHiddenMode.FULL
+        )
+        result.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        logits_output = result.logits_output
+        # The injection must land in this step: the scheduler may insert these tokens into the
+        # radix cache as soon as the step returns.
+        positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
+        ops.inject_context_kv(
+            self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
+        )
+        logits_output.hidden_states = None  # not needed by the scheduler; skip the copy
+        result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
+        return result
+
+    def _forward_decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+        self._check_sampling(batch)
+        draft_input: DFlashDraftInputV2 = batch.spec_info
+        seq_lens = batch.seq_lens  # [bs] committed lengths
+        bs, width = seq_lens.shape[0], self.num_draft_tokens
+        req_to_token = self.req_to_token_pool.req_to_token
+
+        # 1) Draft: one forward over the full trained block.
+        block_ids, block_positions = prepare_draft_block(
+            draft_input.bonus_tokens,
+            seq_lens,
+            mask_token_id=self.config.mask_token_id,
+            block_size=self.block_size,
+        )
+        # Longest committed context, to size the padded gather. On CPU this reads host memory;
+        # it is the only host read of the step.
+        max_context = int(seq_lens.max())
+        context_slots = gather_slots(req_to_token, batch.req_pool_indices, 0, max_context)
+        attend = self.attention.bind(context_slots, seq_lens, self.block_size)
+        embeds = self.embed_tokens(block_ids.view(-1))
+        hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
+        proposals = torch.argmax(hidden[:, 1:width] @ self.lm_head_weight.T, dim=-1)  # [bs, B-1]
+        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, B]
+
+        # 2) Verify: the target runs the window as a plain causal chain.
+        verify_slots = gather_slots(req_to_token, batch.req_pool_indices, seq_lens, width)  # [bs, B]
+        positions = block_positions[:, :width].reshape(-1)
+        logits_output, can_run_cuda_graph = self._verify(batch, candidates, positions, verify_slots)
+
+        # 3) Accept, 4) commit.
+        target_predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
+        accept_len, out_tokens, new_bonus = greedy_verify(candidates, target_predict)
+        commit_lens = (accept_len + 1).to(torch.int32)
+        new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # 5) Inject the committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
+        if not self.skip_decode_injection:
+            committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
+            slots = torch.where(committed, verify_slots, 0).view(-1)
+            ops.inject_context_kv(self.draft_model, self.store, logits_output.hidden_states, positions, slots)
+        logits_output.hidden_states = None
+        if self.trace_file is not None:
+            self._trace(batch, seq_lens, proposals)
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input(new_bonus, new_seq_lens),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots):
+        verify_input = DFlashVerifyInput(
+            draft_token=candidates.reshape(-1),
+            positions=positions,
+            draft_token_num=self.num_draft_tokens,
+            custom_mask=None,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+        )
+        batch.out_cache_loc = verify_slots.reshape(-1)
+        # Attention planning reads host lengths; during verify they cover the window too.
+        seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        if seq_lens_cpu is not None:
+            batch.seq_lens_cpu = seq_lens_cpu + self.num_draft_tokens
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
+        result = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True
+        )
+        return result.logits_output, result.can_run_cuda_graph
+
+    def _forward_idle(self, on_publish) -> GenerationBatchResult:
+        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        if on_publish is not None:
+            on_publish(empty)
+        return GenerationBatchResult(
+            next_token_ids=empty,
+            accept_lens=torch.empty((0,), dtype=torch.int32, device=self.device),
+            next_draft_input=make_draft_input(empty, empty),
+            speculative_num_draft_tokens=self.num_draft_tokens,
+            new_seq_lens=empty,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_sampling(self, batch: ScheduleBatch) -> None:
+        info = batch.sampling_info
+        if info is not None and not info.is_all_greedy and not self._warned_sampling:
+            logger.warning("DFLASH (%s): sampled requests are verified greedily in this version", IMPL_NAME)
+            self._warned_sampling = True
+
+    def _trace(self, batch: ScheduleBatch, seq_lens: torch.Tensor, proposals: torch.Tensor) -> None:
+        """Test aid: record each request's raw draft proposals per step (host sync; off by default)."""
+        for req, prefix, row in zip(batch.reqs, seq_lens.tolist(), proposals.tolist()):
+            self.trace_file.write(json.dumps({"rid": req.rid, "prefix_len": prefix, "proposals": row}) + "\n")
+        self.trace_file.flush()

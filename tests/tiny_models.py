@@ -1,0 +1,160 @@
+"""Tiny seeded random-weight models for tests: a Qwen3 target (HF format, with a small BPE
+tokenizer) and a DFlash draft in the z-lab checkpoint format."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import torch
+
+EOS_ID, MASK_ID = 0, 1
+
+
+def make_tokenizer(path: str, vocab_size: int = 384) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # A fixed corpus that exists on every machine: the json package's sources.
+    corpus_dir = os.path.join(os.path.dirname(os.__file__), "json")
+    files = sorted(os.path.join(corpus_dir, f) for f in os.listdir(corpus_dir) if f.endswith(".py"))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|MASK|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(files, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", mask_token="<|MASK|>"
+    )
+    fast.save_pretrained(path)
+
+
+def make_target(
+    path: str,
+    *,
+    seed: int = 0,
+    vocab_size: int = 384,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate_size: int = 128,
+    tokenizer: bool = True,
+    architecture: str = "Qwen3ForCausalLM",
+) -> str:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_ID,
+        bos_token_id=EOS_ID,
+    )
+    model = Qwen3ForCausalLM(config)
+    # Larger-than-default init gives peaked next-token distributions, so greedy argmax is far
+    # from ties and deterministic across batch shapes.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    model.save_pretrained(path)
+    if architecture != "Qwen3ForCausalLM":
+        _edit_json(os.path.join(path, "config.json"), architectures=[architecture])
+    if tokenizer:
+        make_tokenizer(path, vocab_size)
+    return path
+
+
+def draft_config_dict(
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 1,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate_size: int = 128,
+    block_size: int = 8,
+    target_layer_ids: Optional[list[int]] = None,
+    num_target_layers: int = 4,
+    mask_token_id: int = MASK_ID,
+    vocab_size: int = 384,
+) -> dict:
+    dflash = {"mask_token_id": mask_token_id}
+    if target_layer_ids is not None:
+        dflash["target_layer_ids"] = target_layer_ids
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "layer_types": ["full_attention"] * num_layers,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "block_size": block_size,
+        "num_target_layers": num_target_layers,
+        "dflash_config": dflash,
+    }
+
+
+def make_draft(path: str, *, seed: int = 1, prefix: str = "", **config_kwargs) -> str:
+    """A random draft in the z-lab format; `prefix="model."` exercises the prefixed names."""
+    from sglang_dflash.config import DFlashDraftConfig
+    from sglang_dflash.draft_model import DFlashDraftModel
+
+    raw = draft_config_dict(**config_kwargs)
+    config = DFlashDraftConfig.from_dict(raw)
+    num_features = len(config.resolve_target_layer_ids(raw["num_target_layers"]))
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(config, num_features)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+    model.save_pretrained(path, raw)
+    if prefix:
+        from safetensors.torch import load_file, save_file
+
+        file = os.path.join(path, "model.safetensors")
+        save_file({prefix + k: v for k, v in load_file(file).items()}, file)
+    return path
+
+
+def _edit_json(file: str, **fields) -> None:
+    with open(file) as f:
+        data = json.load(f)
+    data.update(fields)
+    with open(file, "w") as f:
+        json.dump(data, f, indent=2)
+
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    make_target(os.path.join(out, "target"))
+    make_draft(os.path.join(out, "draft"))
+    print(out)
