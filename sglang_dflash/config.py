@@ -43,6 +43,24 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
+def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str:
+    """A local checkpoint directory for `path`: the directory itself, or a Hugging Face hub id
+    fetched (config and safetensors only) into the hub cache."""
+    if path and os.path.isdir(path):
+        return path
+    if not path or path.startswith(("/", ".", "~")) or path.count("/") != 1:
+        raise CheckpointError(f"draft checkpoint path {path!r} is not a directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(path, revision=revision, allow_patterns=["*.json", "*.safetensors"])
+    except Exception as error:
+        raise CheckpointError(
+            f"draft checkpoint {path!r} is not a local directory and could not be fetched from the "
+            f"Hugging Face hub ({type(error).__name__})"
+        ) from error
+
+
 def _int_field(raw: dict, name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise CheckpointError(f"draft config field {name!r} must be an integer >= {minimum}, got {value!r}")
@@ -96,8 +114,7 @@ class DFlashDraftConfig:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "DFlashDraftConfig":
-        if not path or not os.path.isdir(path):
-            raise CheckpointError(f"draft checkpoint path {path!r} is not a directory")
+        """Parse `config.json` of a checkpoint directory (see `resolve_checkpoint_dir`)."""
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
             raise CheckpointError(f"draft checkpoint {path!r} has no config.json")

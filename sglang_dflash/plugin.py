@@ -50,6 +50,12 @@ def register() -> None:
     HookRegistry.register(
         "sglang.srt.arg_groups.speculative_hook._handle_dflash", _handle_dflash, HookType.AROUND
     )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook._resolve_speculative_algorithm_alias",
+        _resolve_algorithm_alias,
+        HookType.AROUND,
+    )
+    _install_excepthook()
 
 
 def _create_worker(original, self, server_args):
@@ -64,12 +70,38 @@ def _create_worker(original, self, server_args):
     return DFlashWorker
 
 
+def _resolve_algorithm_alias(original, algorithm, *args, **kwargs):
+    # SGLang reads the draft's config here to detect Gemma-4 drafts, which never concern
+    # DFLASH; skipping it lets `handle_dflash_server_args` report checkpoint problems itself.
+    if algorithm == "DFLASH" and not use_builtin():
+        return algorithm
+    return original(algorithm, *args, **kwargs)
+
+
 def _handle_dflash(original, server_args):
     if use_builtin():
         return original(server_args)
     from sglang_dflash.server_args import handle_dflash_server_args
 
     return handle_dflash_server_args(server_args)
+
+
+def _install_excepthook() -> None:
+    """`python -m sglang.launch_server` with a bad draft checkpoint prints our one-line error
+    instead of a traceback through SGLang's argument resolution."""
+    import sys
+
+    from sglang_dflash.config import CheckpointError
+
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        if issubclass(kind, CheckpointError):
+            print(f"error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
 
 
 def install_scheduler_hooks() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,11 @@ def handle_dflash_server_args(server_args) -> None:
             raise ValueError(f"sglang-dflash does not support {field}={getattr(cfg, field)!r} with DFLASH")
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH speculative decoding requires --speculative-draft-model-path")
+    if cfg.speculative_draft_window_size is not None:
+        raise ValueError("sglang-dflash does not support --speculative-draft-window-size")
 
-    draft = DFlashDraftConfig.from_pretrained(cfg.speculative_draft_model_path)
+    path = resolve_checkpoint_dir(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    draft = DFlashDraftConfig.from_pretrained(path)
 
     for field in ("speculative_num_steps", "speculative_eagle_topk"):
         value = getattr(cfg, field)

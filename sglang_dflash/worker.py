@@ -33,7 +33,7 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang_dflash import IMPL_NAME, __version__, ops
 from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
-from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.kv_store import DraftKVStore
 from sglang_dflash.verify import greedy_verify
@@ -69,7 +69,9 @@ class DFlashWorker(BaseSpecWorker):
             raise ValueError("sglang-dflash serves DFLASH with tp_size 1 only")
 
         spec = get_spec()
-        path = spec.speculative_draft_model_path
+        path = resolve_checkpoint_dir(
+            spec.speculative_draft_model_path, spec.speculative_draft_model_revision
+        )
         self.config = DFlashDraftConfig.from_pretrained(path)
         text_config = runner.model_config.hf_text_config
         self.vocab_size = int(runner.model_config.vocab_size)

@@ -158,3 +158,66 @@ if __name__ == "__main__":
     make_target(os.path.join(out, "target"))
     make_draft(os.path.join(out, "draft"))
     print(out)
+
+
+# Named shapes used across the tests. Targets differ in width, depth, GQA ratio and head_dim;
+# drafts in depth, block size, KV heads and target_layer_ids.
+TARGETS = {
+    "a": dict(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, seed=0),
+    "b": dict(hidden_size=96, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=32, seed=10),
+}
+DRAFTS = {
+    "a": dict(target="a", hidden_size=64, num_layers=1, block_size=16, num_target_layers=4, seed=1),
+    "b": dict(
+        target="b",
+        hidden_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        block_size=8,
+        num_target_layers=6,
+        target_layer_ids=[0, 2, 4],
+        seed=11,
+        prefix="model.",
+    ),
+}
+
+
+class TinyModels:
+    """Builds each named checkpoint on first use under `root`."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    def target(self, name: str) -> str:
+        path = os.path.join(self.root, f"target-{name}")
+        if not os.path.isdir(path):
+            make_target(path, **TARGETS[name])
+        return path
+
+    def draft(self, name: str) -> str:
+        path = os.path.join(self.root, f"draft-{name}")
+        if not os.path.isdir(path):
+            spec = dict(DRAFTS[name])
+            spec.pop("target")
+            make_draft(path, **spec)
+        return path
+
+    def pair(self, name: str) -> tuple[str, str]:
+        return self.target(DRAFTS[name]["target"]), self.draft(name)
+
+    def edited_draft(self, name: str, tag: str, edit) -> str:
+        """A copy of draft `name` whose config.json dict is passed through `edit(dict)`."""
+        import shutil
+
+        path = os.path.join(self.root, f"draft-{name}-{tag}")
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(self.draft(name), path)
+        file = os.path.join(path, "config.json")
+        with open(file) as f:
+            data = json.load(f)
+        edit(data)
+        with open(file, "w") as f:
+            json.dump(data, f)
+        return path

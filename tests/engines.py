@@ -1,0 +1,67 @@
+"""Starting SGLang CPU engines for tests, and driving them with token-id prompts."""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+CPU_ENGINE = dict(
+    device="cpu",
+    attention_backend="torch_native",
+    dtype="float32",
+    max_total_tokens=6144,
+    max_running_requests=32,
+    log_level="error",
+)
+
+
+def start(target: str, draft: str | None = None, num_draft_tokens: int | None = None, **kwargs):
+    import sglang as sgl
+
+    args = dict(CPU_ENGINE, model_path=target, **kwargs)
+    if draft is not None:
+        args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
+        if num_draft_tokens is not None:
+            args["speculative_num_draft_tokens"] = num_draft_tokens
+    return sgl.Engine(**args)
+
+
+def prompts(n: int, seed: int = 0, vocab: int = 384, min_len: int = 4, max_len: int = 40) -> list[list[int]]:
+    """Seeded random token-id prompts (ids 0 and 1 are EOS and MASK, left out)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+
+
+def generate(engine, input_ids: list[list[int]], sampling: dict, batch_size: int) -> list[dict]:
+    """Run the prompts `batch_size` at a time (each group is submitted together)."""
+    out: list[dict] = []
+    for i in range(0, len(input_ids), batch_size):
+        out += engine.generate(input_ids=input_ids[i : i + batch_size], sampling_params=sampling)
+    return out
+
+
+def generate_concurrently(engine, requests: list[tuple[list[int], dict]]) -> list[dict]:
+    """Submit requests with different sampling params at once, so they share batches."""
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: engine.generate(input_ids=r[0], sampling_params=r[1]), requests))
+
+
+def server_state(engine) -> dict:
+    return engine.get_server_info()["internal_states"][0]
+
+
+def flush_cache(engine, timeout: float = 30.0) -> None:
+    """flush_cache fails while finished requests linger one loop iteration; retry briefly."""
+    deadline = time.time() + timeout
+    while True:
+        result = engine.flush_cache()
+        if getattr(result, "success", result):
+            return
+        if time.time() > deadline:
+            raise TimeoutError(f"flush_cache kept failing: {result}")
+        time.sleep(0.2)
+
+
+def shutdown(engine) -> None:
+    engine.shutdown()

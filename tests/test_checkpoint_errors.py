@@ -1,0 +1,124 @@
+"""Bad checkpoints and bad pairings fail at start-up with an error naming the field and value.
+
+The engine-level cases go through `sglang.Engine(...)`: our argument resolution runs in the
+launching process, so they raise before any subprocess starts (no engine is left running).
+"""
+
+import os
+
+import pytest
+
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig, build_target_layer_ids
+from tests import engines
+from tests.tiny_models import draft_config_dict
+
+
+def test_reference_default_layer_ids():
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert build_target_layer_ids(28, 1) == [14]
+    assert build_target_layer_ids(4, 2) == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.pop("block_size"), "missing the field 'block_size'"),
+        (lambda d: d["dflash_config"].pop("mask_token_id"), "missing the field 'mask_token_id'"),
+        (lambda d: d.update(architectures=["Qwen3ForCausalLM"]), "'architectures' must contain"),
+        (lambda d: d.update(block_size="16"), "'block_size' must be an integer >= 2, got '16'"),
+        (lambda d: d.update(num_hidden_layers=0), "'num_hidden_layers' must be an integer >= 1, got 0"),
+        (lambda d: d.update(layer_types=["full_attention"] * 3), "'layer_types' must list"),
+        (lambda d: d.update(hidden_act="gelu"), "'hidden_act' must be 'silu', got 'gelu'"),
+        (lambda d: d["dflash_config"].update(target_layer_ids=[]), "'target_layer_ids' must be a non-empty"),
+        (lambda d: d.update(num_key_value_heads=3), "must be a multiple of 'num_key_value_heads' (3)"),
+    ],
+)
+def test_invalid_config_fields(edit, message):
+    raw = draft_config_dict()
+    edit(raw)
+    with pytest.raises(CheckpointError) as error:
+        DFlashDraftConfig.from_dict(raw)
+    assert message in str(error.value)
+
+
+def test_dflash_keys_fall_back_to_top_level():
+    raw = draft_config_dict()
+    raw["mask_token_id"] = raw.pop("dflash_config")["mask_token_id"]
+    assert DFlashDraftConfig.from_dict(raw).mask_token_id == 1
+
+
+def test_pairing_checks():
+    config = DFlashDraftConfig.from_dict(draft_config_dict(target_layer_ids=[0, 3]))
+    with pytest.raises(CheckpointError, match=r"'target_layer_ids' has 3 at index 1, out of range \[0, 2\]"):
+        config.check_target(hidden_size=64, vocab_size=384, num_layers=4)
+    assert config.check_target(hidden_size=64, vocab_size=384, num_layers=5) == (0, 3)
+    with pytest.raises(CheckpointError, match="'mask_token_id' is 1, at or beyond the target's vocab_size 1"):
+        config.check_target(hidden_size=64, vocab_size=1, num_layers=5)
+
+
+# ---------------------------------------------------------------- through sglang.Engine
+
+
+def _expect_startup_error(target, draft, message, num_draft_tokens=None):
+    with pytest.raises(CheckpointError) as error:
+        engine = engines.start(target, draft, num_draft_tokens)
+        engines.shutdown(engine)  # only reached if the bad input was accepted
+    assert message in str(error.value), str(error.value)
+
+
+@pytest.mark.sglang
+def test_missing_draft_path(tiny):
+    _expect_startup_error(tiny.target("a"), "/nonexistent/draft", "'/nonexistent/draft' is not a directory")
+
+
+@pytest.mark.sglang
+def test_missing_config_field(tiny):
+    draft = tiny.edited_draft("a", "no-block", lambda d: d.pop("block_size"))
+    _expect_startup_error(tiny.target("a"), draft, "missing the field 'block_size'")
+
+
+@pytest.mark.sglang
+def test_hidden_size_mismatch(tiny):
+    draft = tiny.edited_draft("a", "hidden", lambda d: d.update(hidden_size=32))
+    _expect_startup_error(
+        tiny.target("a"), draft, "field 'hidden_size' is 32 but the target's hidden_size is 64"
+    )
+
+
+@pytest.mark.sglang
+def test_mask_token_beyond_vocab(tiny):
+    draft = tiny.edited_draft("a", "mask", lambda d: d["dflash_config"].update(mask_token_id=384))
+    _expect_startup_error(
+        tiny.target("a"), draft, "'mask_token_id' is 384, at or beyond the target's vocab_size 384"
+    )
+
+
+@pytest.mark.sglang
+def test_target_layer_ids_out_of_range(tiny):
+    draft = tiny.edited_draft("a", "ids", lambda d: d["dflash_config"].update(target_layer_ids=[7]))
+    _expect_startup_error(tiny.target("a"), draft, "'target_layer_ids' has 7 at index 0, out of range [0, 2]")
+
+
+@pytest.mark.sglang
+def test_num_draft_tokens_above_block_size(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-num-draft-tokens 17 must be between 2 and the draft checkpoint's block_size 16",
+        num_draft_tokens=17,
+    )
+
+
+@pytest.mark.sglang
+def test_target_without_hidden_state_capture(tiny, tmp_path):
+    import json
+    import shutil
+
+    target = str(tmp_path / "qwen2-target")
+    shutil.copytree(tiny.target("a"), target)
+    with open(os.path.join(target, "config.json")) as f:
+        config = json.load(f)
+    config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(config, f)
+    _expect_startup_error(target, tiny.draft("a"), "target architecture 'Qwen2ForCausalLM' cannot capture")
