@@ -124,7 +124,20 @@ def install_scheduler_hooks() -> None:
         _add_speculative_state,
         HookType.AROUND,
     )
+    HookRegistry.register(
+        "sglang.srt.speculative.dflash_utils.validate_dflash_request", _validate_request, HookType.AROUND
+    )
     HookRegistry.apply_hooks()
+
+
+def _validate_request(original, req, *args, **kwargs):
+    if not use_builtin():
+        from sglang_dflash.admission import unsupported_feature
+
+        reason = unsupported_feature(req)
+        if reason is not None:
+            return reason
+    return original(req, *args, **kwargs)
 
 
 def _add_speculative_state(original, self, state):

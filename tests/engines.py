@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 CPU_ENGINE = dict(
     device="cpu",
@@ -41,10 +41,40 @@ def generate(engine, input_ids: list[list[int]], sampling: dict, batch_size: int
     return out
 
 
-def generate_concurrently(engine, requests: list[tuple[list[int], dict]]) -> list[dict]:
-    """Submit requests with different sampling params at once, so they share batches."""
-    with ThreadPoolExecutor(len(requests)) as pool:
-        return list(pool.map(lambda r: engine.generate(input_ids=r[0], sampling_params=r[1]), requests))
+def generate_concurrently(engine, requests: list[tuple[list[int], dict]], stagger: float = 0.0) -> list[dict]:
+    """Submit requests with their own sampling params concurrently (request i after
+    i * stagger seconds), so they share batches at different stages."""
+
+    async def one(i, input_ids, sampling):
+        await asyncio.sleep(i * stagger)
+        return await engine.async_generate(input_ids=input_ids, sampling_params=sampling)
+
+    async def run():
+        return await asyncio.gather(*(one(i, ids, s) for i, (ids, s) in enumerate(requests)))
+
+    return engine.loop.run_until_complete(run())
+
+
+def generate_and_abort(engine, input_ids: list[int], sampling: dict, rid: str, after_chunks: int) -> dict:
+    """Stream one request and abort it once `after_chunks` chunks have arrived."""
+
+    async def run():
+        last, seen = None, 0
+        stream = await engine.async_generate(
+            input_ids=input_ids, sampling_params=sampling, stream=True, rid=rid
+        )
+        async for chunk in stream:
+            last, seen = chunk, seen + 1
+            if seen == after_chunks:
+                engine.tokenizer_manager.abort_request(rid)
+        return last
+
+    return engine.loop.run_until_complete(run())
+
+
+def load(engine):
+    """The scheduler's load snapshot (published immediately when it goes idle)."""
+    return engine.loop.run_until_complete(engine.tokenizer_manager.get_loads())[0]
 
 
 def server_state(engine) -> dict:

@@ -44,7 +44,7 @@ class SglKernelFinder(importlib.abc.MetaPathFinder):
             for key in [k for k in sys.modules if k == "sgl_kernel" or k.startswith("sgl_kernel.")]:
                 del sys.modules[key]
             shim = os.path.join(os.path.dirname(__file__), "sgl_kernel_shim.py")
-            logger.warning(
+            logger.info(
                 "sgl_kernel cannot load on this host (%s); sglang_dflash serves its pure-PyTorch "
                 "stand-ins (sglang_dflash/cpu/sgl_kernel_shim.py) as sgl_kernel",
                 str(error).strip().splitlines()[-1][:160],

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine:
+#   make demo   - set up .venv, then serve a tiny model with DFLASH and print what it did
+#   make test   - set up .venv, then run the test suite (CPU; GPU tests are skipped)
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+
+# SGLang's CPU engine, with one intra-op thread per process (see README, "CPU notes").
+CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
+
+.PHONY: demo test install lint clean
+
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "sglang==0.5.23" "setuptools>=69" wheel pytest pytest-timeout ruff
+	$(PIP) install -q --no-deps "dflash==0.1.0"  # test-only oracle: z-lab's reference
+	touch $@
+
+install: $(VENV)/.deps
+	$(PIP) install -q --no-deps --no-build-isolation .
+
+demo: install
+	$(CPU_ENV) $(PY) scripts/demo.py
+
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check sglang_dflash tests scripts setup.py
+	$(VENV)/bin/ruff format --check sglang_dflash tests scripts setup.py
+
+test: install lint
+	$(CPU_ENV) $(PY) -m pytest
+
+clean:
+	rm -rf build *.egg-info

@@ -1,0 +1,63 @@
+"""Radix-cache reuse of draft K/V, checked through the draft's raw proposals.
+
+Greedy losslessness cannot catch a wrong draft K/V (it only lowers acceptance). Here the same
+request runs twice: once with its prompt served from the radix cache, including tokens that
+an earlier request committed while *decoding*, and once cold after `flush_cache`. The draft's
+proposals at every block must be identical. With decode-time injection switched off (a
+test-only knob), the same check must fail: that shows it can see a missing injection.
+"""
+
+import json
+import os
+from collections import defaultdict
+
+import pytest
+
+from tests import engines
+
+pytestmark = pytest.mark.sglang
+
+PROMPT = engines.prompts(1, seed=21, min_len=24, max_len=24)[0]
+
+
+def _run(tiny, trace_path, skip_decode_injection: bool):
+    env = {"SGLANG_DFLASH_TRACE_PROPOSALS": str(trace_path)}
+    if skip_decode_injection:
+        env["SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"] = "1"
+    os.environ.update(env)
+    try:
+        engine = engines.start(*tiny.pair("a"), 8)
+    finally:
+        for key in env:
+            os.environ.pop(key)
+    try:
+        first = engine.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 40, "temperature": 0})
+        # The first 32 generated tokens were committed by decode steps (verify + injection).
+        prompt = PROMPT + first["output_ids"][:32]
+        sampling = {"max_new_tokens": 24, "temperature": 0}
+        warm = engine.generate(input_ids=prompt, sampling_params=sampling, rid="warm")
+        engines.flush_cache(engine)
+        cold = engine.generate(input_ids=prompt, sampling_params=sampling, rid="cold")
+    finally:
+        engines.shutdown(engine)
+    assert warm["meta_info"]["cached_tokens"] >= len(PROMPT) + 16
+    assert cold["meta_info"]["cached_tokens"] == 0
+    steps = defaultdict(list)
+    with open(trace_path) as f:
+        for line in f:
+            record = json.loads(line)
+            steps[record["rid"]].append((record["prefix_len"], record["proposals"]))
+    assert len(steps["warm"]) >= 2 and len(steps["cold"]) >= 2
+    return warm, cold, steps["warm"], steps["cold"]
+
+
+def test_cached_prefix_gives_the_same_draft_proposals(tiny, tmp_path):
+    warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_decode_injection=False)
+    assert warm["output_ids"] == cold["output_ids"]
+    assert warm_steps == cold_steps
+
+
+def test_check_fails_without_decode_time_injection(tiny, tmp_path):
+    warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_decode_injection=True)
+    assert warm["output_ids"] == cold["output_ids"]  # still lossless: only the draft is wrong
+    assert warm_steps != cold_steps
