@@ -42,6 +42,28 @@ def visibility(
     return visible
 
 
+def attend_with_context(
+    q: torch.Tensor,
+    k_ctx: torch.Tensor,
+    v_ctx: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Block queries over `[context K/V ; block K/V]` by SDPA, in the queries' dtype.
+
+    q [b, Q, heads, d]; k_ctx, v_ctx [b, C, kv_heads, d]; k, v [b, Q, kv_heads, d];
+    mask [b, 1, Q, C + Q] (True: may attend) -> [b, Q, heads, d].
+    """
+    keys = torch.cat([k_ctx.to(q.dtype), k.to(q.dtype)], dim=1).transpose(1, 2)
+    values = torch.cat([v_ctx.to(q.dtype), v.to(q.dtype)], dim=1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[2]
+    )  # [b, heads, Q, d]
+    return out.transpose(1, 2)
+
+
 class SdpaDraftAttention:
     """One step's draft attention over the store, batched with padding.
 
@@ -85,17 +107,16 @@ class SdpaDraftAttention:
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
-        bs, bd = self.bs, self.block_size
-        k_ctx = self.store.k[layer_id][self.context_slots].to(k.dtype)  # [bs, C, kv_heads, d]
-        v_ctx = self.store.v[layer_id][self.context_slots].to(v.dtype)
-        keys = torch.cat([k_ctx, k.view(bs, bd, *k.shape[1:])], dim=1).transpose(1, 2)
-        values = torch.cat([v_ctx, v.view(bs, bd, *v.shape[1:])], dim=1).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.view(bs, bd, *q.shape[1:]).transpose(1, 2),
-            keys,
-            values,
-            attn_mask=self.masks[layer_id],
-            scale=self.scale,
-            enable_gqa=keys.shape[1] != q.shape[1],
-        )  # [bs, heads, Bd, d]
-        return out.transpose(1, 2).reshape(bs * bd, *q.shape[1:])
+        bs = self.bs
+        k_ctx = self.store.k[layer_id][self.context_slots]  # [bs, C, kv_heads, d]
+        v_ctx = self.store.v[layer_id][self.context_slots]
+        out = attend_with_context(
+            q.unflatten(0, (bs, -1)),
+            k_ctx,
+            v_ctx,
+            k.unflatten(0, (bs, -1)),
+            v.unflatten(0, (bs, -1)),
+            self.masks[layer_id],
+            self.scale,
+        )
+        return out.flatten(0, 1)

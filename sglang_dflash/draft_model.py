@@ -53,8 +53,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: DFlashDraftConfig):
         super().__init__()
-        # Kept in fp32 and out of the module's buffers, so `.to(bfloat16)` cannot round it.
-        self.inv_freq, self.attention_scaling = _rope_inv_freq(config)
+        # Kept in fp32 and out of the module's buffers, so `.to(bfloat16)` cannot round it; built
+        # on the CPU even when the module is constructed on the meta device.
+        with torch.device("cpu"):
+            self.inv_freq, self.attention_scaling = _rope_inv_freq(config)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # positions [N] -> cos, sin [N, head_dim]
@@ -76,7 +78,7 @@ def _rope_inv_freq(config: DFlashDraftConfig) -> tuple[torch.Tensor, float]:
     rope = config.rope
     if rope["rope_type"] == "default":
         dim = config.head_dim
-        exponent = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+        exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
         return 1.0 / (float(rope["rope_theta"]) ** exponent), 1.0
     from transformers import PretrainedConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

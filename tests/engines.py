@@ -95,3 +95,77 @@ def flush_cache(engine, timeout: float = 30.0) -> None:
 
 def shutdown(engine) -> None:
     engine.shutdown()
+
+
+class Server:
+    """`python -m sglang.launch_server` in a subprocess, on CPU, for HTTP-level tests."""
+
+    def __init__(
+        self, target: str, draft: str | None = None, num_draft_tokens: int | None = None, *extra: str
+    ):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            target,
+            "--port",
+            str(self.port),
+        ]
+        args += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+        args += ["--max-total-tokens", "6144", "--log-level", "error"]
+        if draft is not None:
+            args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft]
+            if num_draft_tokens is not None:
+                args += ["--speculative-num-draft-tokens", str(num_draft_tokens)]
+        self.process = subprocess.Popen([*args, *extra])
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 240.0) -> None:
+        import requests
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.process.returncode}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError("server did not become ready")
+
+    def post(self, path: str, payload: dict) -> dict:
+        import requests
+
+        response = requests.post(self.url + path, json=payload, timeout=120)
+        response.raise_for_status()
+        return response.json()
+
+    def get(self, path: str) -> dict:
+        import requests
+
+        response = requests.get(self.url + path, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        import signal
+
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except Exception:
+                self.process.kill()
+                self.process.wait()

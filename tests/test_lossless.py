@@ -14,7 +14,14 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
 PROMPTS = engines.prompts(16, seed=0)
 
 # (pair, verify width B, overlap scheduling)
-CONFIGS = [("a", 4, True), ("a", 8, False), ("a", 16, True), ("a", 16, False), ("a", 4, False), ("a", 8, True)]
+CONFIGS = [
+    ("a", 4, True),
+    ("a", 8, False),
+    ("a", 16, True),
+    ("a", 16, False),
+    ("a", 4, False),
+    ("a", 8, True),
+]
 CONFIGS += [("b", 8, True), ("b", 4, False)]
 
 
@@ -32,7 +39,9 @@ def reference_outputs(tiny):
     return outputs
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-{'overlap' if c[2] else 'sync'}")
+@pytest.fixture(
+    scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-{'overlap' if c[2] else 'sync'}"
+)
 def dflash_engine(request, tiny, reference_outputs):
     pair, width, overlap = request.param
     target, draft = tiny.pair(pair)
@@ -49,7 +58,9 @@ def test_greedy_matches_target(dflash_engine, reference_outputs, batch_size):
     assert engines.server_state(engine)["dflash_implementation"].startswith("sglang-dflash")
     got = [o["output_ids"] for o in out]
     mismatches = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
-    assert not mismatches, f"prompts {mismatches} differ, e.g. {got[mismatches[0]]} vs {expected[mismatches[0]]}"
+    assert not mismatches, (
+        f"prompts {mismatches} differ, e.g. {got[mismatches[0]]} vs {expected[mismatches[0]]}"
+    )
     for o in out:
         meta = o["meta_info"]
         # SGLang's per-request speculative metrics are present and consistent.

@@ -11,6 +11,10 @@ from typing import Optional
 import torch
 
 EOS_ID, MASK_ID = 0, 1
+CHAT_TEMPLATE = (
+    "{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}### assistant:\n{% endif %}"
+)
 
 
 def make_tokenizer(path: str, vocab_size: int = 384) -> None:
@@ -33,6 +37,7 @@ def make_tokenizer(path: str, vocab_size: int = 384) -> None:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", mask_token="<|MASK|>"
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
 
 

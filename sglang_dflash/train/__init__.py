@@ -1,0 +1,20 @@
+"""Training recipe for DFlash drafts: `python -m sglang_dflash.train --target T --data F --out D`.
+
+Trains a draft for a local Hugging Face causal-LM target on CPU or CUDA and exports it in the
+z-lab `DFlashDraftModel` checkpoint format. Nothing here imports SGLang, except the optional
+`--regen-backend sglang` data step, which imports it when used.
+
+Modules, one noun each:
+  * `config`     : `TrainConfig`, the recipe's settings, validated.
+  * `target`     : `FrozenTarget`, the frozen target: features, predictions, embeddings, LM head.
+  * `data`       : `Example`s from .txt / .jsonl files, and padded batches.
+  * `regenerate` : the optional step that rewrites responses with the target itself.
+  * `mask`       : the block-wise attention mask over many anchored blocks.
+  * `objective`  : anchors, the draft forward over all blocks, the decayed loss, `Metrics`.
+  * `checkpoint` : save / resume of the training state.
+  * `export`     : the draft's `config.json` and the z-lab format export.
+  * `loop`       : `Trainer`, the optimisation loop.
+  * `cli`        : the command line.
+"""
+
+__all__: list[str] = []

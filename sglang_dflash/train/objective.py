@@ -1,0 +1,284 @@
+"""The DFlash training objective: many anchored blocks per sequence, one draft forward.
+
+For an anchor `a` in a sequence x, the block is `[x_a, MASK x (B-1)]` at positions a..a+B-1,
+embedded with the target's input embeddings. Its queries see the context K/V of x_0..x_{a-1}
+(the fused target features through `DFlashDraftModel.context_kv`) and their own block, exactly
+as a serving step whose committed context ends just before the bonus token `x_a`.
+
+Block position k = 1..B-1 is trained to predict the token at a+k:
+  * `labels="target"`: the target's own greedy choice there, argmax of its logits at a+k-1;
+  * `labels="data"`: the data token x_{a+k}.
+The cross-entropy goes through the frozen target LM head and is weighted by
+w_k = exp(-(k-1)/gamma): an early miss ends the accepted run, so early positions matter more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang_dflash.attention import attend_with_context
+from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.train.data import Batch
+from sglang_dflash.train.mask import block_attention_mask
+from sglang_dflash.train.target import FrozenTarget, TargetOutput
+
+
+def loss_weights(block_size: int, gamma: float, device: Optional[torch.device] = None) -> torch.Tensor:
+    """[B-1] weights of block positions k = 1..B-1: exp(-(k-1)/gamma).
+
+    E.g., B=4, gamma=1 -> [1, e^-1, e^-2].
+    """
+    k = torch.arange(1, block_size, dtype=torch.float32, device=device)
+    return torch.exp(-(k - 1) / gamma)
+
+
+def valid_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[b, S] bool: may position a anchor a block?
+
+    It needs at least one context token (a >= 1, as in serving), and its first prediction
+    a+1 must be a label inside the sequence.
+    E.g., lengths=[5], loss_mask=[[0, 0, 1, 1, 1]] -> [[0, 1, 1, 1, 0]].
+    """
+    pos = torch.arange(loss_mask.shape[1], device=loss_mask.device)
+    next_is_label = torch.zeros_like(loss_mask)
+    next_is_label[:, :-1] = loss_mask[:, 1:]
+    return (pos >= 1) & (pos[None, :] + 1 < lengths[:, None]) & next_is_label
+
+
+def sample_anchors(
+    valid: torch.Tensor, num_anchors: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `num_anchors` distinct valid positions per sequence, uniformly at random.
+
+    valid [b, S] -> anchors [b, A] (ascending), anchor_valid [b, A], with A = min(num_anchors, S).
+    Sequences with fewer valid positions fill up with invalid anchors, which are still run (their
+    rows see only their own block and earlier context) but carry no loss.
+    The random numbers come from `generator` on the CPU, so runs reproduce across devices.
+    """
+    b, s = valid.shape
+    scores = torch.rand((b, s), generator=generator).to(valid.device)
+    scores = scores.masked_fill(~valid, -1.0)  # invalid positions lose to every valid one
+    top = scores.topk(min(num_anchors, s), dim=1).indices
+    anchors = top.sort(dim=1).values
+    return anchors, valid.gather(1, anchors)
+
+
+@dataclass
+class Blocks:
+    """A batch's anchored blocks. A = anchors per sequence, B = block size."""
+
+    anchors: torch.Tensor  # [b, A] position of each block's first token
+    block_ids: torch.Tensor  # [b, A, B] [x_a, MASK, ..., MASK]
+    positions: torch.Tensor  # [b, A, B] a, a+1, ..., a+B-1
+    labels: torch.Tensor  # [b, A, B-1] the token block position k=1..B-1 should propose
+    label_valid: torch.Tensor  # [b, A, B-1] bool: inside the sequence, a label, valid anchor
+
+
+def make_blocks(
+    batch: Batch,
+    predictions: torch.Tensor,
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    *,
+    block_size: int,
+    mask_token_id: int,
+    labels: str,
+) -> Blocks:
+    """predictions [b, S]: the target's argmax at each position (its guess for the next token).
+
+    E.g., x=[7, 8, 9, 5, 6], anchor 1, B=3 -> block_ids [8, M, M] at positions [1, 2, 3];
+    labels="data" -> [9, 5]; labels="target" -> predictions at [1, 2].
+    """
+    ids = batch.input_ids
+    s = ids.shape[1]
+    offsets = torch.arange(block_size, device=ids.device)
+    positions = anchors[:, :, None] + offsets  # [b, A, B]
+    block_ids = torch.full_like(positions, mask_token_id)
+    block_ids[:, :, 0] = ids.gather(1, anchors)
+
+    label_pos = positions[:, :, 1:]  # [b, A, B-1] positions a+1 .. a+B-1
+    inside = label_pos < batch.lengths[:, None, None]
+    at = label_pos.clamp(max=s - 1).flatten(1)  # [b, A*(B-1)], safe to gather
+    if labels == "target":
+        wanted = predictions.gather(1, at - 1)  # the target's guess for a+k, made at a+k-1
+    else:
+        wanted = ids.gather(1, at)
+    is_label = batch.loss_mask.gather(1, at).view_as(label_pos)
+    return Blocks(
+        anchors=anchors,
+        block_ids=block_ids,
+        positions=positions,
+        labels=wanted.view_as(label_pos),
+        label_valid=anchor_valid[:, :, None] & inside & is_label,
+    )
+
+
+class BlockAttention:
+    """`attend(layer_id, q, k, v)` for `DFlashDraftModel.forward` over a batch of blocks.
+
+    Per layer, keys are `[context K/V of all S tokens ; the blocks' own K/V]`, with the
+    block-wise mask of `mask.py`. Shapes: b sequences, Q = A*B block tokens each.
+    """
+
+    def __init__(self, k_ctx: torch.Tensor, v_ctx: torch.Tensor, masks: list[torch.Tensor], scale: float):
+        self.k_ctx = k_ctx  # [L, b, S, kv_heads, d]
+        self.v_ctx = v_ctx  # [L, b, S, kv_heads, d]
+        self.masks = masks  # per layer [b, 1, Q, S + Q] bool
+        self.scale = scale
+
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q [b*Q, heads, d], k/v [b*Q, kv_heads, d] -> [b*Q, heads, d]
+        b = self.k_ctx.shape[1]
+        out = attend_with_context(
+            q.unflatten(0, (b, -1)),
+            self.k_ctx[layer_id],
+            self.v_ctx[layer_id],
+            k.unflatten(0, (b, -1)),
+            v.unflatten(0, (b, -1)),
+            self.masks[layer_id],
+            self.scale,
+        )
+        return out.flatten(0, 1)
+
+
+def draft_hidden(
+    draft: DFlashDraftModel, target: FrozenTarget, target_out: TargetOutput, blocks: Blocks
+) -> torch.Tensor:
+    """The draft's final hidden states for every block token, [b, A, B, H]."""
+    config = draft.config
+    b, s, _ = target_out.features.shape
+    num_anchors, block_size = blocks.block_ids.shape[1:]
+    context = draft.fuse_target_features(target_out.features.flatten(0, 1))  # [b*S, H]
+    ctx_positions = torch.arange(s, device=context.device).repeat(b)  # [b*S]: 0..S-1, 0..S-1, ...
+    k_ctx, v_ctx = draft.context_kv(context, ctx_positions)  # [L, b*S, kv_heads, d]
+    kinds: dict[tuple, torch.Tensor] = {}
+    masks = []
+    for layer_id in range(config.num_hidden_layers):
+        kind = (config.layer_is_causal(layer_id), config.layer_window(layer_id))
+        if kind not in kinds:
+            mask = block_attention_mask(blocks.anchors, s, block_size, causal=kind[0], window=kind[1])
+            kinds[kind] = mask[:, None]  # [b, 1, Q, S + Q]
+        masks.append(kinds[kind])
+    attend = BlockAttention(
+        k_ctx.unflatten(1, (b, s)), v_ctx.unflatten(1, (b, s)), masks, config.head_dim**-0.5
+    )
+    embeds = target.embed(blocks.block_ids).flatten(0, 2)  # [b*A*B, H]
+    hidden = draft(embeds, blocks.positions.flatten(), attend)  # [b*A*B, H]
+    return hidden.view(b, num_anchors, block_size, -1)
+
+
+@dataclass
+class Metrics:
+    """Sums over the labels seen; `merge` them across micro-batches and steps."""
+
+    loss_sum: torch.Tensor  # [] sum of w_k * CE
+    weight_sum: torch.Tensor  # [] sum of w_k
+    correct: torch.Tensor  # [B-1] argmax == label, per block position k
+    count: torch.Tensor  # [B-1] labels per block position k
+    accepted: torch.Tensor  # [] sum over complete blocks of the accepted run length
+    blocks: torch.Tensor  # [] complete blocks (every position labelled)
+
+    def merge(self, other: "Metrics") -> "Metrics":
+        return Metrics(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_sum / self.weight_sum.clamp_min(1e-12))
+
+    @property
+    def accuracy(self) -> list[float]:
+        """Per block position k = 1..B-1."""
+        return (self.correct.float() / self.count.clamp_min(1)).tolist()
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per step if serving verified these blocks: accepted run + bonus."""
+        return float(self.accepted.float() / self.blocks.clamp_min(1)) + 1.0
+
+    def summary(self) -> dict:
+        return {"loss": self.loss, "tau": self.acceptance_length, "acc": self.accuracy}
+
+
+def block_loss(
+    hidden: torch.Tensor, blocks: Blocks, lm_head_weight: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, Metrics]:
+    """hidden [b, A, B, H] -> weighted CE over the labelled positions, and metrics.
+
+    Only labelled positions go through the LM head (a [M, V] logits tensor, M <= b*A*(B-1)).
+    """
+    proposals = hidden[:, :, 1:]  # [b, A, B-1, H]: position 0 holds the given token
+    valid = blocks.label_valid
+    k_index = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)[valid]  # [M]
+    logits = F.linear(proposals[valid], lm_head_weight).float()  # [M, V]
+    labels = blocks.labels[valid]  # [M]
+    ce = F.cross_entropy(logits, labels, reduction="none")  # [M]
+    w = weights[k_index]
+    loss_sum, weight_sum = (w * ce).sum(), w.sum()
+    loss = loss_sum / weight_sum.clamp_min(1e-12) if valid.any() else hidden.sum() * 0.0
+
+    with torch.no_grad():
+        hit = logits.argmax(-1) == labels  # [M]
+        num_pos = valid.shape[-1]
+        correct = torch.bincount(k_index, weights=hit.float(), minlength=num_pos)
+        count = torch.bincount(k_index, minlength=num_pos)
+        # Accepted run per complete block: E.g., hits [1, 1, 0, 1] -> cumprod [1, 1, 0, 0] -> 2.
+        dense = torch.zeros_like(valid)
+        dense[valid] = hit
+        complete = valid.all(-1)  # [b, A]
+        run = dense.long().cumprod(-1).sum(-1)  # [b, A]
+        metrics = Metrics(
+            loss_sum=loss_sum.detach(),
+            weight_sum=weight_sum.detach(),
+            correct=correct,
+            count=count,
+            accepted=run[complete].sum(),
+            blocks=complete.sum(),
+        )
+    return loss, metrics
+
+
+class DFlashObjective:
+    """Anchors + blocks + draft forward + loss for one batch."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        mask_token_id: int,
+        num_anchors: int,
+        labels: str,
+        gamma: float,
+    ):
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        self.num_anchors = num_anchors
+        self.labels = labels
+        self.gamma = gamma
+
+    def __call__(
+        self,
+        draft: DFlashDraftModel,
+        target: FrozenTarget,
+        batch: Batch,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, Metrics]:
+        target_out = target.forward(batch.input_ids, batch.attention_mask)
+        anchors, anchor_valid = sample_anchors(
+            valid_anchors(batch.loss_mask, batch.lengths), self.num_anchors, generator
+        )
+        blocks = make_blocks(
+            batch,
+            target_out.predictions,
+            anchors,
+            anchor_valid,
+            block_size=self.block_size,
+            mask_token_id=self.mask_token_id,
+            labels=self.labels,
+        )
+        hidden = draft_hidden(draft, target, target_out, blocks)
+        weights = loss_weights(self.block_size, self.gamma, hidden.device)
+        return block_loss(hidden, blocks, target.lm_head_weight, weights)
