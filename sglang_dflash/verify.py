@@ -31,3 +31,33 @@ def greedy_verify(
     cols = torch.arange(candidates.shape[1], device=candidates.device)
     out_tokens = torch.where(cols[None, :] <= accept_len[:, None], target_predict, 0)
     return accept_len, out_tokens, new_bonus
+
+
+def forced_acceptance(
+    candidates: torch.Tensor,
+    target_predict: torch.Tensor,
+    commit_len: int,
+    *,
+    real_draft_tokens: bool,
+    fixed_token_id: int = 100,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Benchmark-only acceptance (SGLANG_SIMULATE_ACC_LEN): every request commits `commit_len`.
+
+    Same outputs as `greedy_verify`. With `real_draft_tokens`, the emitted row is the first
+    commit_len-1 proposals plus the target's prediction after them; otherwise every emitted
+    token is `fixed_token_id`, as in SGLang's built-in "fixed" token mode.
+    E.g., candidates [5, 8, 2, 4], predict [8, 3, 7, 1], commit_len 3 -> out [8, 2, 7, 0].
+    """
+    bs, width = candidates.shape
+    accept = commit_len - 1
+    accept_len = torch.full((bs,), accept, dtype=torch.int32, device=candidates.device)
+    cols = torch.arange(width, device=candidates.device)[None, :]
+    if real_draft_tokens:
+        bonus = target_predict[:, accept]
+        shifted = torch.cat([candidates[:, 1:], bonus[:, None]], dim=1)  # [d1..d_{B-1}, bonus]
+        emitted = torch.where(cols < accept, shifted, bonus[:, None])
+    else:
+        bonus = torch.full((bs,), fixed_token_id, dtype=candidates.dtype, device=candidates.device)
+        emitted = torch.full_like(candidates, fixed_token_id)
+    out_tokens = torch.where(cols <= accept, emitted, 0)
+    return accept_len, out_tokens, bonus

@@ -36,9 +36,21 @@ from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_bl
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.kv_store import DraftKVStore
-from sglang_dflash.verify import greedy_verify
+from sglang_dflash.verify import forced_acceptance, greedy_verify
 
 logger = logging.getLogger(__name__)
+
+
+def _simulated_acceptance() -> Optional[tuple[float, str, str]]:
+    """SGLang's benchmark knob, honoured as its built-in DFLASH does: (mean, method, token mode)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.speculative.spec_utils import check_simulate_acc_token_mode
+
+    mean = envs.SGLANG_SIMULATE_ACC_LEN.get()
+    if mean <= 0:
+        return None
+    check_simulate_acc_token_mode()
+    return mean, envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
 
 
 def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> DFlashDraftInputV2:
@@ -96,10 +108,17 @@ class DFlashWorker(BaseSpecWorker):
         self.store: Optional[DraftKVStore] = None
         self.attention: Optional[SdpaDraftAttention] = None
 
+        self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         trace_path = os.environ.get("SGLANG_DFLASH_TRACE_PROPOSALS")
         self.trace_file = open(trace_path, "a") if trace_path else None
         self._warned_sampling = False
+        if self.simulated_acceptance is not None:
+            logger.warning(
+                "DFLASH acceptance is SIMULATED (SGLANG_SIMULATE_ACC_LEN=%s, method=%s, tokens=%s): "
+                "outputs are not the model's; benchmark use only",
+                *self.simulated_acceptance,
+            )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
             "verify_width=%d draft_attention=torch-sdpa device=%s dtype=%s%s%s",
@@ -206,6 +225,8 @@ class DFlashWorker(BaseSpecWorker):
         # 3) Accept, 4) commit.
         target_predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
         accept_len, out_tokens, new_bonus = greedy_verify(candidates, target_predict)
+        if self.simulated_acceptance is not None:
+            accept_len, out_tokens, new_bonus = self._simulate(candidates, target_predict)
         commit_lens = (accept_len + 1).to(torch.int32)
         new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
         if on_publish is not None:
@@ -264,6 +285,15 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     # ------------------------------------------------------------------ helpers
+
+    def _simulate(self, candidates: torch.Tensor, target_predict: torch.Tensor):
+        from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
+
+        mean, method, token_mode = self.simulated_acceptance
+        commit_len = sample_simulated_acc_len(mean, method, self.num_draft_tokens)
+        return forced_acceptance(
+            candidates, target_predict, commit_len, real_draft_tokens=token_mode == "real-draft-token"
+        )
 
     def _check_sampling(self, batch: ScheduleBatch) -> None:
         info = batch.sampling_info

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.sglang
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
 PROMPTS = engines.prompts(16, seed=0)
+PROMPTS_32 = engines.prompts(32, seed=1)  # one full batch of 32
 
 # (pair, verify width B, overlap scheduling)
 CONFIGS = [
@@ -33,7 +34,9 @@ def reference_outputs(tiny):
     for name in ("a", "b"):
         engine = engines.start(tiny.target(name))
         try:
-            outputs[name] = [o["output_ids"] for o in engines.generate(engine, PROMPTS, GREEDY, len(PROMPTS))]
+            for prompts in (PROMPTS, PROMPTS_32):
+                out = engines.generate(engine, prompts, GREEDY, len(prompts))
+                outputs[name, len(prompts)] = [o["output_ids"] for o in out]
         finally:
             engines.shutdown(engine)
     return outputs
@@ -53,7 +56,7 @@ def dflash_engine(request, tiny, reference_outputs):
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
 def test_greedy_matches_target(dflash_engine, reference_outputs, batch_size):
     pair, engine = dflash_engine
-    expected = reference_outputs[pair]
+    expected = reference_outputs[pair, len(PROMPTS)]
     out = engines.generate(engine, PROMPTS, GREEDY, batch_size)
     assert engines.server_state(engine)["dflash_implementation"].startswith("sglang-dflash")
     got = [o["output_ids"] for o in out]
@@ -66,3 +69,10 @@ def test_greedy_matches_target(dflash_engine, reference_outputs, batch_size):
         # SGLang's per-request speculative metrics are present and consistent.
         assert meta["spec_verify_ct"] >= 1
         assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+
+
+def test_greedy_matches_target_in_a_batch_of_32(dflash_engine, reference_outputs):
+    pair, engine = dflash_engine
+    out = engines.generate(engine, PROMPTS_32, GREEDY, len(PROMPTS_32))
+    assert [o["output_ids"] for o in out] == reference_outputs[pair, len(PROMPTS_32)]
+    assert engines.server_state(engine)["avg_spec_accept_length"] >= 1.0

@@ -1,0 +1,70 @@
+"""Pure block-layout and verification functions, on hand-built tensors."""
+
+import pytest
+import torch
+
+from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
+from sglang_dflash.verify import forced_acceptance, greedy_verify
+
+
+def T(rows):
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    "candidates, predict, accept, out, bonus",
+    [
+        # perfect match: every proposal accepted, bonus from the last position
+        ([5, 8, 2, 4], [8, 2, 4, 9], 3, [8, 2, 4, 9], 9),
+        # early mismatch: d1 wrong, nothing accepted, the target's own token is emitted
+        ([5, 7, 2, 4], [8, 2, 4, 9], 0, [8, 0, 0, 0], 8),
+        # a later proposal matching again does not count after the first miss
+        ([5, 8, 3, 4], [8, 2, 4, 9], 1, [8, 2, 0, 0], 2),
+        # width 2: one proposal
+        ([5, 8], [8, 6], 1, [8, 6], 6),
+    ],
+    ids=["perfect", "early-miss", "miss-then-match", "width-2"],
+)
+def test_greedy_verify(candidates, predict, accept, out, bonus):
+    accept_len, out_tokens, new_bonus = greedy_verify(T([candidates]), T([predict]))
+    assert accept_len.tolist() == [accept]
+    assert out_tokens.tolist() == [out]
+    assert new_bonus.tolist() == [bonus]
+
+
+def test_greedy_verify_rows_are_independent():
+    candidates = T([[5, 8, 2, 4], [1, 7, 7, 7], [3, 3, 3, 3]])
+    predict = T([[8, 2, 0, 0], [7, 7, 7, 7], [3, 3, 3, 3]])
+    accept_len, out_tokens, bonus = greedy_verify(candidates, predict)
+    assert accept_len.tolist() == [2, 3, 3]
+    assert out_tokens.tolist() == [[8, 2, 0, 0], [7, 7, 7, 7], [3, 3, 3, 3]]
+    assert bonus.tolist() == [0, 7, 3]
+
+
+@pytest.mark.parametrize("commit_len", [1, 2, 4])
+def test_forced_acceptance(commit_len):
+    candidates, predict = T([[5, 8, 2, 4], [1, 2, 3, 4]]), T([[8, 3, 7, 1], [9, 9, 9, 9]])
+    accept_len, out, bonus = forced_acceptance(candidates, predict, commit_len, real_draft_tokens=True)
+    assert accept_len.tolist() == [commit_len - 1] * 2
+    assert out[:, commit_len:].eq(0).all()
+    assert out[:, : commit_len - 1].tolist() == candidates[:, 1:commit_len].tolist()
+    assert out[:, commit_len - 1].tolist() == bonus.tolist() == predict[:, commit_len - 1].tolist()
+    _, fixed, fixed_bonus = forced_acceptance(candidates, predict, commit_len, real_draft_tokens=False)
+    assert fixed[:, :commit_len].eq(100).all() and fixed[:, commit_len:].eq(0).all()
+    assert fixed_bonus.tolist() == [100, 100]
+
+
+def test_prepare_draft_block():
+    ids, positions = prepare_draft_block(T([7, 9]), T([3, 5]), mask_token_id=1, block_size=3)
+    assert ids.tolist() == [[7, 1, 1], [9, 1, 1]]
+    assert positions.tolist() == [[3, 4, 5], [5, 6, 7]]
+
+
+def test_gather_slots():
+    table = torch.arange(40, dtype=torch.int32).view(4, 10)
+    assert gather_slots(table, T([2, 0]), T([3, 5]), 2).tolist() == [[23, 24], [5, 6]]
+    assert gather_slots(table, T([1, 3]), 0, 3).tolist() == [[10, 11, 12], [30, 31, 32]]
+
+
+def test_extend_positions():
+    assert extend_positions([0, 4], [2, 3], "cpu").tolist() == [0, 1, 4, 5, 6]
