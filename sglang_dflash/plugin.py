@@ -132,9 +132,11 @@ def install_scheduler_hooks() -> None:
 
 def _validate_request(original, req, *args, **kwargs):
     if not use_builtin():
+        from sglang.srt.runtime_context import get_schedule
+
         from sglang_dflash.admission import unsupported_feature
 
-        reason = unsupported_feature(req)
+        reason = unsupported_feature(req, mixed_chunk=bool(get_schedule().enable_mixed_chunk))
         if reason is not None:
             return reason
     return original(req, *args, **kwargs)

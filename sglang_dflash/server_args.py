@@ -33,6 +33,7 @@ def handle_dflash_server_args(server_args) -> None:
         ("pp_size", cfg.pp_size == 1),
         ("tp_size", cfg.tp_size == 1),
         ("enable_dp_attention", not attn_dp_enabled_of(cfg)),
+        ("enable_watermark", not cfg.enable_watermark),
     ):
         if not ok:
             raise ValueError(f"sglang-dflash does not support {field}={getattr(cfg, field)!r} with DFLASH")

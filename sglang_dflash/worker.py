@@ -36,7 +36,8 @@ from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_bl
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.kv_store import DraftKVStore
-from sglang_dflash.verify import forced_acceptance, greedy_verify
+from sglang_dflash.verifier import Verifier
+from sglang_dflash.verify import forced_acceptance
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,6 @@ class DFlashWorker(BaseSpecWorker):
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         trace_path = os.environ.get("SGLANG_DFLASH_TRACE_PROPOSALS")
         self.trace_file = open(trace_path, "a") if trace_path else None
-        self._warned_sampling = False
         if self.simulated_acceptance is not None:
             logger.warning(
                 "DFLASH acceptance is SIMULATED (SGLANG_SIMULATE_ACC_LEN=%s, method=%s, tokens=%s): "
@@ -158,6 +158,7 @@ class DFlashWorker(BaseSpecWorker):
             device=self.device,
         )
         self.attention = SdpaDraftAttention(self.config, self.store)
+        self.verifier = Verifier(req_to_token_pool.req_to_token.shape[0], self.vocab_size, self.device)
         logger.info("DFLASH draft KV store: %d slots, %.1f MB", num_slots, self.store.nbytes / 2**20)
 
     def server_info(self) -> str:
@@ -166,11 +167,12 @@ class DFlashWorker(BaseSpecWorker):
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ) -> GenerationBatchResult:
-        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            return self._forward_extend(batch, on_publish)
         if batch.forward_mode.is_idle():
             return self._forward_idle(on_publish)
-        return self._forward_decode(batch, on_publish)
+        with self.verifier.seeded(batch):
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                return self._forward_extend(batch, on_publish)
+            return self._forward_decode(batch, on_publish)
 
     # ------------------------------------------------------------------ steps
 
@@ -190,11 +192,11 @@ class DFlashWorker(BaseSpecWorker):
             self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
         )
         logits_output.hidden_states = None  # not needed by the scheduler; skip the copy
+        self.verifier.start_requests(batch)
         result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
         return result
 
     def _forward_decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
-        self._check_sampling(batch)
         draft_input: DFlashDraftInputV2 = batch.spec_info
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs, width = seq_lens.shape[0], self.num_draft_tokens
@@ -223,11 +225,13 @@ class DFlashWorker(BaseSpecWorker):
         logits_output, can_run_cuda_graph = self._verify(batch, candidates, positions, verify_slots)
 
         # 3) Accept, 4) commit.
-        target_predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, width)
-        accept_len, out_tokens, new_bonus = greedy_verify(candidates, target_predict)
+        logits = logits_output.next_token_logits  # [bs*B, V]
+        positions_2d = block_positions[:, :width]
+        accept_len, out_tokens, new_bonus = self.verifier.verify(batch, candidates, logits, positions_2d)
         if self.simulated_acceptance is not None:
-            accept_len, out_tokens, new_bonus = self._simulate(candidates, target_predict)
+            accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
         commit_lens = (accept_len + 1).to(torch.int32)
+        self.verifier.commit(batch, candidates, commit_lens)
         new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -286,20 +290,15 @@ class DFlashWorker(BaseSpecWorker):
 
     # ------------------------------------------------------------------ helpers
 
-    def _simulate(self, candidates: torch.Tensor, target_predict: torch.Tensor):
+    def _simulate(self, candidates: torch.Tensor, logits: torch.Tensor):
         from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
 
         mean, method, token_mode = self.simulated_acceptance
         commit_len = sample_simulated_acc_len(mean, method, self.num_draft_tokens)
+        target_predict = torch.argmax(logits, dim=-1).view(candidates.shape)
         return forced_acceptance(
             candidates, target_predict, commit_len, real_draft_tokens=token_mode == "real-draft-token"
         )
-
-    def _check_sampling(self, batch: ScheduleBatch) -> None:
-        info = batch.sampling_info
-        if info is not None and not info.is_all_greedy and not self._warned_sampling:
-            logger.warning("DFLASH (%s): sampled requests are verified greedily in this version", IMPL_NAME)
-            self._warned_sampling = True
 
     def _trace(self, batch: ScheduleBatch, seq_lens: torch.Tensor, proposals: torch.Tensor) -> None:
         """Test aid: record each request's raw draft proposals per step (host sync; off by default)."""

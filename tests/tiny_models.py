@@ -54,6 +54,7 @@ def make_target(
     intermediate_size: int = 128,
     tokenizer: bool = True,
     architecture: str = "Qwen3ForCausalLM",
+    lm_head_std: float = 0.15,
 ) -> str:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -78,6 +79,7 @@ def make_target(
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
+        model.lm_head.weight.normal_(0, lm_head_std)
     model.save_pretrained(path)
     if architecture != "Qwen3ForCausalLM":
         _edit_json(os.path.join(path, "config.json"), architectures=[architecture])
@@ -170,6 +172,11 @@ if __name__ == "__main__":
 TARGETS = {
     "a": dict(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, seed=0),
     "b": dict(hidden_size=96, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=32, seed=10),
+    # Target "a" with a small LM head: flat, high-entropy next-token distributions, for
+    # statistical tests of sampling (pairs with draft "a").
+    "flat": dict(
+        hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, seed=0, lm_head_std=0.01
+    ),
 }
 DRAFTS = {
     "a": dict(target="a", hidden_size=64, num_layers=1, block_size=16, num_target_layers=4, seed=1),

@@ -7,7 +7,11 @@ import ctypes
 
 import torch
 
-STAND_INS = ("assign_req_to_token_pool_cpu", "copy_all_layer_kv_cache_cpu")
+STAND_INS = (
+    "assign_req_to_token_pool_cpu",
+    "copy_all_layer_kv_cache_cpu",
+    "torch.ops.sgl_kernel.murmur_hash32_cpu",
+)
 
 
 def assign_req_to_token_pool_cpu(
@@ -48,6 +52,21 @@ def copy_all_layer_kv_cache_cpu(
         raw = (ctypes.c_uint8 * (num_rows * stride)).from_address(ptr)
         rows = torch.frombuffer(raw, dtype=torch.uint8).view(num_rows, stride)
         rows[tgt] = rows[src]
+
+
+@torch.library.custom_op("sgl_kernel::murmur_hash32_cpu", mutates_args=())
+def murmur_hash32_cpu(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
+    """SGLang's seeded-sampling hash (`--enable-deterministic-inference`): [n] seeds and positions,
+    [m] columns -> [n, m] uint32."""
+    from sglang_dflash.sampling import murmur_hash32
+
+    return murmur_hash32(seed, positions, col_indices).to(torch.uint32)
+
+
+@murmur_hash32_cpu.register_fake
+def _(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
+    # SGLang calls it from a torch.compile'd function (multinomial_with_seed).
+    return seed.new_empty((seed.shape[0], col_indices.shape[0]), dtype=torch.uint32)
 
 
 def __getattr__(name: str):
