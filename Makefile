@@ -7,8 +7,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-# SGLang's CPU engine, with one intra-op thread per process (see README, "CPU notes").
+# SGLang's CPU engine, with one intra-op thread per process (see README, "CPU").
 CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
+# The CUDA extension (cuda/): built when nvcc is found; BUILD_CUDA=1 makes a missing toolkit or
+# a compile error fatal (make test sets it, so CI checks that the extension compiles).
+BUILD_CUDA ?=
+EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
 .PHONY: demo test install lint clean
 
@@ -20,7 +24,9 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 install: $(VENV)/.deps
-	$(PIP) install -q --no-deps --no-build-isolation .
+	$(EXT_ENV) $(PIP) install -q --no-deps --no-build-isolation .
+	# The tests import the source tree, so the extension is also built in place (ninja reuses build/).
+	$(EXT_ENV) $(PY) setup.py -q build_ext --inplace
 
 demo: install
 	$(CPU_ENV) $(PY) scripts/demo.py
@@ -29,8 +35,9 @@ lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check sglang_dflash tests scripts setup.py
 	$(VENV)/bin/ruff format --check sglang_dflash tests scripts setup.py
 
+test: BUILD_CUDA = 1
 test: install lint
 	$(CPU_ENV) $(PY) -m pytest
 
 clean:
-	rm -rf build *.egg-info
+	rm -rf build *.egg-info sglang_dflash/_C*.so

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from sglang_dflash.block import gather_slots
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
@@ -77,14 +78,22 @@ class SdpaDraftAttention:
 
     def bind(
         self,
-        context_slots: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
         context_lens: torch.Tensor,
+        context_lens_cpu: torch.Tensor,
         block_size: int,
     ) -> "SdpaDraftAttention":
-        """context_slots [bs, C] (entries past context_lens are ignored), context_lens [bs]."""
-        bs, c = context_slots.shape
-        device = context_slots.device
-        self.context_slots = context_slots
+        """Plan this step (same contract as `FlashInferDraftAttention.bind`).
+
+        context_lens [bs] exact committed lengths (device); context_lens_cpu [bs] on the host,
+        exact or an upper bound: it only sizes the padded gather, so reading it costs no sync.
+        """
+        bs = context_lens.shape[0]
+        c = min(int(context_lens_cpu.max()), req_to_token.shape[1])
+        device = context_lens.device
+        # [bs, C] slot ids of every request's context; entries past its length are masked.
+        self.context_slots = gather_slots(req_to_token, req_pool_indices, 0, c)
         self.bs, self.block_size = bs, block_size
         offs = torch.arange(block_size, device=device)
         q_pos = context_lens[:, None] + offs  # [bs, Bd]

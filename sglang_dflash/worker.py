@@ -30,7 +30,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-from sglang_dflash import IMPL_NAME, __version__, ops
+from sglang_dflash import IMPL_NAME, __version__, flashinfer_attention, ops
 from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
@@ -107,7 +107,7 @@ class DFlashWorker(BaseSpecWorker):
         self.embed_tokens = target.get_input_embeddings()
         self.lm_head_weight = target.lm_head.weight[: self.vocab_size]  # drop vocab padding rows
         self.store: Optional[DraftKVStore] = None
-        self.attention: Optional[SdpaDraftAttention] = None
+        self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
 
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
@@ -121,7 +121,7 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d draft_attention=torch-sdpa device=%s dtype=%s%s%s",
+            "verify_width=%d device=%s dtype=%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -149,17 +149,40 @@ class DFlashWorker(BaseSpecWorker):
         # Same slot-id space as the target pool (SGLang budgeted the draft's bytes per token
         # into the target pool's cell size, so this is the memory it set aside for us).
         num_slots = self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0]
+        # FlashInfer keeps each step's block K/V in scratch slots past the target's range.
+        max_bs = req_to_token_pool.req_to_token.shape[0]
+        self.flashinfer_unavailable = flashinfer_attention.unavailable_reason(
+            self.config, torch.device(self.device)
+        )
+        scratch = 0
+        if self.flashinfer_unavailable is None:
+            scratch = flashinfer_attention.num_scratch_slots(max_bs, self.block_size)
         self.store = DraftKVStore(
-            num_slots=num_slots,
+            num_slots=num_slots + scratch,
             num_layers=self.config.num_hidden_layers,
             num_kv_heads=self.config.num_key_value_heads,
             head_dim=self.config.head_dim,
             dtype=self.model_runner.dtype,
             device=self.device,
         )
-        self.attention = SdpaDraftAttention(self.config, self.store)
+        self.attention = self._choose_attention(num_slots)
+        injection = ops.choose_inject_context_kv(self.draft_model, self.store)
+        logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
         self.verifier = Verifier(req_to_token_pool.req_to_token.shape[0], self.vocab_size, self.device)
         logger.info("DFLASH draft KV store: %d slots, %.1f MB", num_slots, self.store.nbytes / 2**20)
+
+    def _choose_attention(self, num_target_slots: int):
+        """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""
+        if self.flashinfer_unavailable is None:
+            self.attention_name = "flashinfer"
+            return flashinfer_attention.FlashInferDraftAttention(
+                self.config,
+                self.store,
+                scratch_base=num_target_slots,
+                max_batch_size=self.req_to_token_pool.req_to_token.shape[0],
+            )
+        self.attention_name = f"torch-sdpa ({self.flashinfer_unavailable})"
+        return SdpaDraftAttention(self.config, self.store)
 
     def server_info(self) -> str:
         return f"{IMPL_NAME} {__version__}"
@@ -209,11 +232,15 @@ class DFlashWorker(BaseSpecWorker):
             mask_token_id=self.config.mask_token_id,
             block_size=self.block_size,
         )
-        # Longest committed context, to size the padded gather. On CPU this reads host memory;
-        # it is the only host read of the step.
-        max_context = int(seq_lens.max())
-        context_slots = gather_slots(req_to_token, batch.req_pool_indices, 0, max_context)
-        attend = self.attention.bind(context_slots, seq_lens, self.block_size)
+        # Host upper bounds of the committed lengths, for planning without a device sync: the
+        # reservation made by prepare_for_decode, else the (possibly one-step-stale) host lengths
+        # plus one step's worth of commits.
+        lens_cpu = draft_input.nxt_kv_lens_cpu
+        if lens_cpu is None:
+            lens_cpu = batch.seq_lens_cpu + width
+        attend = self.attention.bind(
+            req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
+        )
         embeds = self.embed_tokens(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
         proposals = torch.argmax(hidden[:, 1:width] @ self.lm_head_weight.T, dim=-1)  # [bs, B-1]

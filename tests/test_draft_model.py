@@ -162,7 +162,8 @@ def _serving_block(
     context_slots = torch.zeros(bs, int(lens.max()), dtype=torch.int64)  # padded with the sink
     for i, row in enumerate(slot_rows):
         context_slots[i, : row.shape[0]] = row
-    attend = SdpaDraftAttention(config, store).bind(context_slots, lens, b)
+    # The host lengths given to bind are an upper bound, as in serving.
+    attend = SdpaDraftAttention(config, store).bind(context_slots, torch.arange(bs), lens, lens + 3, b)
     block_positions = lens[:, None] + torch.arange(b) + block_offset  # [bs, B]
     hidden = model(noise.reshape(bs * b, -1), block_positions.reshape(-1), attend)
     return hidden.view(bs, b, -1)

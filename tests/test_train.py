@@ -311,7 +311,8 @@ def test_training_forward_matches_serving(tmp_path, sliding):
             slots = torch.arange(1, a + 1)
             with torch.no_grad():
                 ops.inject_context_kv(draft, store, features[i, :a], torch.arange(a), slots)
-                attend = attention.bind(slots[None], torch.tensor([a]), bs)
+                lens = torch.tensor([a])
+                attend = attention.bind(slots[None], torch.tensor([0]), lens, lens, bs)
                 want = draft(target.embed(blocks.block_ids[i, j]), a + torch.arange(bs), attend)
             torch.testing.assert_close(got[i, j], want, rtol=2e-5, atol=2e-5, msg=f"seq {i} anchor {a}")
 

@@ -79,7 +79,7 @@ def make_target(
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
-        model.lm_head.weight.normal_(0, lm_head_std)
+        model.lm_head.weight.mul_(lm_head_std / 0.15)
     model.save_pretrained(path)
     if architecture != "Qwen3ForCausalLM":
         _edit_json(os.path.join(path, "config.json"), architectures=[architecture])

@@ -1,0 +1,217 @@
+"""Draft attention on CUDA through FlashInfer (same contract as `attention.SdpaDraftAttention`).
+
+Layout. The block's own K/V are written, per layer, into *scratch slots* of the draft KV store:
+batch row i's block occupies slots `scratch_base + i*Bd .. scratch_base + (i+1)*Bd - 1`, past
+the target's slot range, so they are never committed, never shared with the radix cache, and
+never collide with the verify window. Each request's keys are then one paged sequence (page
+size 1) of length C_i + Bd:
+
+    [req_to_token[r_i, 0:C_i] ; scratch slots of row i]
+
+and its Bd queries sit at positions C_i .. C_i+Bd-1, aligned with the end of that sequence,
+which is exactly how FlashInfer defines its causal and sliding-window masks. One paged prefill
+per layer then gives `visibility(...)`: full-attention layers non-causal, sliding layers with
+`window_left = sliding_window - 1` (causal or not, per `DFlashDraftConfig.layer_is_causal`).
+
+Planning, once per step and per layer kind, with no host sync: FlashInfer schedules its work
+from host lengths, which may be upper bounds (`context_lens_cpu`: the scheduler's
+`batch.seq_lens_cpu`, exact when present, else `DFlashDraftInputV2.nxt_kv_lens_cpu`); the
+device indptr and page indices are built on the GPU from the exact device lengths, and the fa2
+kernels clamp every KV tile to the device lengths. (The plan copies the host indptr to the
+device; we then point the wrapper at the exact device indptr.)
+
+`flashinfer` is imported lazily: this module imports on CPU-only hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.kv_store import DraftKVStore
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's split-KV scratch (its recommended size)
+
+
+def num_scratch_slots(max_batch_size: int, block_size: int) -> int:
+    """Extra draft-KV-store slots `FlashInferDraftAttention` needs past the target's slots."""
+    return max_batch_size * block_size
+
+
+def unavailable_reason(config: DFlashDraftConfig, device: torch.device) -> Optional[str]:
+    """Why FlashInfer cannot run this draft's attention on `device`, or None if it can."""
+    if device.type != "cuda":
+        return f"the draft runs on {device.type}"
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError as error:
+        return f"flashinfer is not importable ({error})"
+    for layer_id in range(config.num_hidden_layers):
+        window = config.layer_window(layer_id)
+        if window is not None and not config.layer_is_causal(layer_id) and window < config.block_size:
+            # Non-causal sliding layers also mask keys more than `window` to the right; within a
+            # block that only happens when the window is shorter than the block.
+            block = config.block_size
+            return f"layer {layer_id} is non-causal with sliding_window {window} < block_size {block}"
+    return None
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    causal: bool
+    window_left: int  # FlashInfer's: keys at most window_left positions left of the query; -1: all
+
+
+def layer_kind(config: DFlashDraftConfig, layer_id: int) -> LayerKind:
+    window = config.layer_window(layer_id)
+    return LayerKind(config.layer_is_causal(layer_id), -1 if window is None else window - 1)
+
+
+@dataclass
+class PagedLayout:
+    """One step's paged KV layout. Device tensors are exact; host ones may be upper bounds."""
+
+    qo_indptr_host: torch.Tensor  # [bs + 1] int32, CPU: i * Bd
+    kv_indptr_host: torch.Tensor  # [bs + 1] int32, CPU: cumsum(context_lens_cpu + Bd)
+    last_page_len_host: torch.Tensor  # [bs] int32, CPU: ones (page size 1)
+    kv_indptr: torch.Tensor  # [bs + 1] int32, device: cumsum(context_lens + Bd)
+    kv_indices: torch.Tensor  # [kv_indptr_host[-1]] int32, device; valid up to kv_indptr[-1]
+
+
+def paged_layout(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    context_lens: torch.Tensor,
+    context_lens_cpu: torch.Tensor,
+    block_size: int,
+    scratch_base: int,
+) -> PagedLayout:
+    """Each request's keys as slot ids: its committed context, then its block's scratch slots.
+
+    req_to_token [pool, max_len], req_pool_indices [bs], context_lens [bs] (device, exact),
+    context_lens_cpu [bs] (host, >= context_lens). Device work only; no host sync.
+    E.g., C = [2, 1], Bd = 2, scratch_base = 100, rows r0 -> [5, 6, ...], r1 -> [9, ...]:
+    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103].
+    """
+    bs, device = context_lens.shape[0], context_lens.device
+    lens = context_lens.to(torch.int32) + block_size
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    torch.cumsum(lens, dim=0, dtype=torch.int32, out=kv_indptr[1:])
+    host_lens = context_lens_cpu.to(torch.int32) + block_size
+    kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+    torch.cumsum(host_lens, dim=0, dtype=torch.int32, out=kv_indptr_host[1:])
+    total_bound = int(kv_indptr_host[-1])
+
+    t = torch.arange(total_bound, dtype=torch.int32, device=device)
+    # Request of each entry; entries past the exact total (host slack) land in the last row and
+    # are never read.
+    row = torch.searchsorted(kv_indptr[1:], t, right=True).clamp_(max=bs - 1)
+    offset = t - kv_indptr[row]
+    row_context = context_lens.to(torch.int32)[row]
+    col = offset.clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
+    context_slot = req_to_token[req_pool_indices.to(torch.int64)[row], col].to(torch.int32)
+    block_slot = scratch_base + row * block_size + (offset - row_context)
+    kv_indices = torch.where(offset < row_context, context_slot, block_slot).to(torch.int32)
+    return PagedLayout(
+        qo_indptr_host=torch.arange(bs + 1, dtype=torch.int32) * block_size,
+        kv_indptr_host=kv_indptr_host,
+        last_page_len_host=torch.ones(bs, dtype=torch.int32),
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+    )
+
+
+class FlashInferDraftAttention:
+    """One step's draft attention over the store through FlashInfer's paged prefill (fa2)."""
+
+    def __init__(
+        self,
+        config: DFlashDraftConfig,
+        store: DraftKVStore,
+        *,
+        scratch_base: int,
+        max_batch_size: int,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ):
+        reason = unavailable_reason(config, store.k.device)
+        if reason is not None:
+            raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
+        need = scratch_base + num_scratch_slots(max_batch_size, config.block_size)
+        if store.num_slots < need:
+            raise ValueError(
+                f"the draft KV store has {store.num_slots} slots; FlashInfer draft attention needs "
+                f"{need} (scratch_base {scratch_base} + max_batch_size {max_batch_size} x "
+                f"block_size {config.block_size})"
+            )
+        import flashinfer
+
+        self.config = config
+        self.store = store
+        self.scratch_base = scratch_base
+        self.max_batch_size = max_batch_size
+        self.scale = config.head_dim**-0.5
+        self.kinds = [layer_kind(config, i) for i in range(config.num_hidden_layers)]
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=store.k.device)
+        self.wrappers = {
+            kind: flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+            for kind in set(self.kinds)
+        }
+        for wrapper in self.wrappers.values():
+            # We repoint the planned indptr at the exact device one (see the module docstring).
+            if not hasattr(wrapper, "_paged_kv_indptr_buf"):
+                raise RuntimeError(
+                    "this FlashInfer version has no BatchPrefillWithPagedKVCacheWrapper._paged_kv_indptr_buf"
+                )
+
+    def bind(
+        self,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        context_lens: torch.Tensor,
+        context_lens_cpu: torch.Tensor,
+        block_size: int,
+    ) -> "FlashInferDraftAttention":
+        """Plan this step. context_lens [bs] on the GPU (exact); context_lens_cpu [bs] on the host,
+        exact or an upper bound."""
+        bs = context_lens.shape[0]
+        if not 1 <= bs <= self.max_batch_size:
+            raise ValueError(f"batch size {bs} is outside [1, {self.max_batch_size}]")
+        if block_size != self.config.block_size:
+            raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
+        self.bs, self.block_size = bs, block_size
+        layout = paged_layout(
+            req_to_token, req_pool_indices, context_lens, context_lens_cpu, block_size, self.scratch_base
+        )
+        dtype = self.store.k.dtype
+        for kind, wrapper in self.wrappers.items():
+            wrapper.plan(
+                layout.qo_indptr_host,
+                layout.kv_indptr_host,
+                layout.kv_indices,
+                layout.last_page_len_host,
+                self.config.num_attention_heads,
+                self.config.num_key_value_heads,
+                self.config.head_dim,
+                1,  # page size
+                causal=kind.causal,
+                window_left=kind.window_left,
+                sm_scale=self.scale,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+                non_blocking=True,
+            )
+            wrapper._paged_kv_indptr_buf = layout.kv_indptr
+        self.layout = layout  # keeps the device buffers alive for the step
+        return self
+
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
+        rows = slice(self.scratch_base, self.scratch_base + self.bs * self.block_size)
+        k_cache, v_cache = self.store.k[layer_id], self.store.v[layer_id]  # [num_slots, kv_heads, d]
+        k_cache[rows] = k
+        v_cache[rows] = v
+        wrapper = self.wrappers[self.kinds[layer_id]]
+        return wrapper.run(q.to(k_cache.dtype).contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))

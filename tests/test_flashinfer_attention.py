@@ -1,0 +1,242 @@
+"""FlashInfer draft attention: its paged layout and mask mapping (CPU), and its output against
+`SdpaDraftAttention` on random data (GPU).
+
+The CPU tests pin the two facts the CUDA path rests on: the page indices list each request's
+committed context and then its block's scratch slots, exactly (device side) even when the host
+lengths are upper bounds; and FlashInfer's mask rule, applied to that layout with our
+(causal, window_left) per layer kind, is `attention.visibility`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_dflash import flashinfer_attention as fia
+from sglang_dflash.attention import SdpaDraftAttention, visibility
+from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.kv_store import DraftKVStore
+
+BLOCK = 16
+
+
+def make_config(layer_types, *, window=None, is_causal=None, heads=8, kv_heads=2, head_dim=128):
+    raw = {
+        "architectures": ["DFlashDraftModel"],
+        "hidden_size": heads * head_dim,
+        "num_hidden_layers": len(layer_types),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": 64,
+        "block_size": BLOCK,
+        "mask_token_id": 1,
+        "layer_types": list(layer_types),
+    }
+    if window is not None:
+        raw["sliding_window"] = window
+    if is_causal is not None:
+        raw["is_causal"] = is_causal
+    return DFlashDraftConfig.from_dict(raw)
+
+
+def make_req_to_token(context_lens: list[int], num_slots: int, seed: int = 0):
+    """Rows of distinct random slots (>= 1), shuffled request-pool rows."""
+    g = torch.Generator().manual_seed(seed)
+    bs, width = len(context_lens), max(context_lens) + 2 * BLOCK
+    pool = torch.zeros(bs + 3, width, dtype=torch.int32)
+    slots = torch.randperm(num_slots - 1, generator=g)[: bs * width].view(bs, width) + 1
+    rows = torch.randperm(bs + 3, generator=g)[:bs]
+    pool[rows] = slots.to(torch.int32)
+    return pool, rows
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("slack", [0, 5], ids=["exact-host-lens", "upper-bound-host-lens"])
+def test_paged_layout_lists_context_then_scratch(slack):
+    context_lens = [3, 1, 40, 7]
+    scratch_base = 1000
+    req_to_token, rows = make_req_to_token(context_lens, 500)
+    lens = torch.tensor(context_lens)
+    layout = fia.paged_layout(req_to_token, rows, lens, lens + slack, BLOCK, scratch_base)
+    expected, indptr = [], [0]
+    for i, (row, c) in enumerate(zip(rows.tolist(), context_lens)):
+        expected += req_to_token[row, :c].tolist()
+        expected += [scratch_base + i * BLOCK + j for j in range(BLOCK)]
+        indptr.append(len(expected))
+    assert layout.kv_indptr.tolist() == indptr
+    assert layout.kv_indptr_host.tolist() == [p + slack * i for i, p in enumerate(indptr)]
+    assert layout.kv_indices.dtype == torch.int32
+    assert layout.kv_indices.shape[0] == int(layout.kv_indptr_host[-1])
+    assert layout.kv_indices[: indptr[-1]].tolist() == expected
+    assert layout.qo_indptr_host.tolist() == [i * BLOCK for i in range(len(context_lens) + 1)]
+    assert layout.last_page_len_host.tolist() == [1] * len(context_lens)
+
+
+def flashinfer_mask(qo_len: int, kv_len: int, causal: bool, window_left: int) -> torch.Tensor:
+    """FlashInfer's fa2 prefill mask for one request, [qo_len, kv_len] (True: may attend).
+
+    From include/flashinfer/attention/{prefill.cuh: logits_mask, variants.cuh: LogitsMask}:
+    causal keeps kv_idx + qo_len <= kv_len + q_idx; a window keeps
+    kv_idx + qo_len + window_left >= kv_len + q_idx.
+    """
+    q = torch.arange(qo_len)[:, None]
+    k = torch.arange(kv_len)[None, :]
+    keep = torch.ones(qo_len, kv_len, dtype=torch.bool)
+    if causal:
+        keep &= k + qo_len <= kv_len + q
+    if window_left >= 0:
+        keep &= k + qo_len + window_left >= kv_len + q
+    return keep
+
+
+@pytest.mark.parametrize(
+    "layer_types,window,is_causal",
+    [
+        (["full_attention"], None, None),
+        (["full_attention"], None, True),
+        (["sliding_attention"], 5, None),
+        (["sliding_attention"], 20, False),
+    ],
+    ids=["full", "full-causal", "sliding-causal", "sliding-noncausal"],
+)
+def test_flashinfer_masks_on_our_layout_are_visibility(layer_types, window, is_causal):
+    config = make_config(layer_types, window=window, is_causal=is_causal)
+    kind = fia.layer_kind(config, 0)
+    for context_len in (0, 1, 3, 30):
+        # The paged sequence is positions 0..C+Bd-1 (context, then block); queries at C..C+Bd-1.
+        k_pos = torch.arange(context_len + BLOCK)
+        q_pos = context_len + torch.arange(BLOCK)
+        want = visibility(
+            q_pos,
+            k_pos,
+            torch.ones_like(k_pos, dtype=torch.bool),
+            causal=config.layer_is_causal(0),
+            window=config.layer_window(0),
+        )
+        got = flashinfer_mask(BLOCK, context_len + BLOCK, kind.causal, kind.window_left)
+        assert torch.equal(got, want), (context_len, kind)
+
+
+def test_non_causal_window_shorter_than_the_block_is_refused():
+    config = make_config(["sliding_attention"], window=BLOCK - 1, is_causal=False)
+    reason = fia.unavailable_reason(config, torch.device("cuda"))
+    assert reason is not None and "non-causal with sliding_window 15 < block_size 16" in reason
+
+
+def test_unavailable_on_cpu():
+    config = make_config(["full_attention"])
+    assert fia.unavailable_reason(config, torch.device("cpu")) == "the draft runs on cpu"
+    store = DraftKVStore(
+        num_slots=8, num_layers=1, num_kv_heads=2, head_dim=128, dtype=torch.float32, device="cpu"
+    )
+    with pytest.raises(ValueError, match="FlashInfer draft attention is unavailable: the draft runs on cpu"):
+        fia.FlashInferDraftAttention(config, store, scratch_base=0, max_batch_size=1)
+
+
+def test_importing_the_module_does_not_import_flashinfer():
+    code = "import sys, sglang_dflash.flashinfer_attention; assert 'flashinfer' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_scratch_size():
+    assert fia.num_scratch_slots(max_batch_size=48, block_size=16) == 768
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtype):
+    """SdpaDraftAttention on the same store, in `dtype`."""
+    c_max = int(lens.max())
+    fp_store = DraftKVStore(
+        num_slots=store.num_slots,
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        dtype=dtype,
+        device="cuda",
+    )
+    fp_store.k.copy_(store.k)
+    fp_store.v.copy_(store.v)
+    context_slots = req_to_token[rows.long()][:, :c_max].long().cuda()
+    bs = context_slots.shape[0]
+    attend = SdpaDraftAttention(config, fp_store).bind(
+        context_slots, torch.arange(bs, device="cuda"), lens.cuda(), lens, BLOCK
+    )
+    return attend(layer_id, q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+@pytest.mark.gpu
+# A large slack makes the plan split the (host-)longer KV into more chunks than exist on the device.
+@pytest.mark.parametrize("slack", [0, 2500], ids=["exact-host-lens", "upper-bound-host-lens"])
+@pytest.mark.parametrize(
+    "context_lens", [[1], [17, 300, 2000, 5], [4096, 1, 64]], ids=["bs1", "bs4", "bs3-long"]
+)
+def test_matches_sdpa(context_lens, slack):
+    """Full (non-causal), sliding causal and sliding non-causal layers, GQA 8/2, bf16."""
+    configs = [
+        # full layers non-causal, sliding layers causal (the reference's default)
+        make_config(["full_attention", "sliding_attention", "full_attention"], window=40),
+        make_config(["sliding_attention"], window=24, is_causal=False),
+    ]
+    for cfg in configs:
+        torch.manual_seed(0)
+        bs, dtype = len(context_lens), torch.bfloat16
+        target_slots = 3 * (max(context_lens) + 2 * BLOCK) * bs + 8
+        max_bs = bs + 2
+        store = DraftKVStore(
+            num_slots=target_slots + fia.num_scratch_slots(max_bs, BLOCK),
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            dtype=dtype,
+            device="cuda",
+        )
+        store.k.normal_()
+        store.v.normal_()
+        req_to_token, rows = make_req_to_token(context_lens, target_slots)
+        lens = torch.tensor(context_lens)
+        attn = fia.FlashInferDraftAttention(cfg, store, scratch_base=target_slots, max_batch_size=max_bs)
+        attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens + slack, BLOCK)
+        committed = store.k[:, :target_slots].clone()
+        n, heads, kvh, d = bs * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        for layer_id in range(cfg.num_hidden_layers):
+            q = torch.randn(n, heads, d, device="cuda", dtype=dtype)
+            k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+            v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+            got = attn(layer_id, q, k, v)
+            want = sdpa_oracle(cfg, store, req_to_token, rows, lens, q, k, v, layer_id, torch.float32)
+            same_dtype = sdpa_oracle(cfg, store, req_to_token, rows, lens, q, k, v, layer_id, dtype)
+            err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
+            assert got.shape == (n, heads, d)
+            assert err <= max(2 * base, 1e-2), (layer_id, float(err), float(base))
+        assert torch.equal(store.k[:, :target_slots], committed), "block K/V leaked into committed slots"
+
+
+@pytest.mark.gpu
+def test_construction_and_bind_reject_bad_sizes():
+    config = make_config(["full_attention"])
+
+    def store(num_slots):
+        return DraftKVStore(
+            num_slots=num_slots,
+            num_layers=1,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            device="cuda",
+        )
+
+    with pytest.raises(ValueError, match="has 95 slots; FlashInfer draft attention needs 96"):
+        fia.FlashInferDraftAttention(config, store(95), scratch_base=64, max_batch_size=2)
+    attn = fia.FlashInferDraftAttention(config, store(128), scratch_base=64, max_batch_size=4)
+    req_to_token, rows = make_req_to_token([3] * 5, 64)
+    lens = torch.full((5,), 3)
+    with pytest.raises(ValueError, match="batch size 5 is outside"):
+        attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens, BLOCK)
