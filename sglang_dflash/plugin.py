@@ -112,6 +112,7 @@ def install_scheduler_hooks() -> None:
     _scheduler_hooks_installed = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_dflash import metrics
     from sglang_dflash.cpu import verify_attention
 
     HookRegistry.register(
@@ -126,6 +127,13 @@ def install_scheduler_hooks() -> None:
     )
     HookRegistry.register(
         "sglang.srt.speculative.dflash_utils.validate_dflash_request", _validate_request, HookType.AROUND
+    )
+    # Acceptance metrics, counted where SGLang settles each step (see metrics.py).
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.batch_result_processor."
+        "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+        metrics.resolve_spec_tokens_hook,
+        HookType.AROUND,
     )
     HookRegistry.apply_hooks()
 

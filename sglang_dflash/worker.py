@@ -36,6 +36,8 @@ from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_bl
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.metrics import DFlashMetrics
+from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
 
@@ -111,6 +113,8 @@ class DFlashWorker(BaseSpecWorker):
 
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
+        self.timer = StepTimer.from_env(self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
+        self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         trace_path = os.environ.get("SGLANG_DFLASH_TRACE_PROPOSALS")
         self.trace_file = open(trace_path, "a") if trace_path else None
         if self.simulated_acceptance is not None:
@@ -201,31 +205,80 @@ class DFlashWorker(BaseSpecWorker):
 
     def _forward_extend(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         """Prefill / extend chunk / mixed batch: target forward, then inject every new token."""
-        result = self.target_worker.forward_batch_generation(
-            batch, capture_hidden_mode=CaptureHiddenMode.FULL
-        )
-        result.new_seq_lens = batch.seq_lens
-        if on_publish is not None:
-            on_publish(result.new_seq_lens)
-        logits_output = result.logits_output
-        # The injection must land in this step: the scheduler may insert these tokens into the
-        # radix cache as soon as the step returns.
-        positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
-        ops.inject_context_kv(
-            self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
-        )
-        logits_output.hidden_states = None  # not needed by the scheduler; skip the copy
-        self.verifier.start_requests(batch)
-        result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
+        with self.timer.phase("extend"):
+            result = self.target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL
+            )
+            result.new_seq_lens = batch.seq_lens
+            if on_publish is not None:
+                on_publish(result.new_seq_lens)
+            logits_output = result.logits_output
+            # The injection must land in this step: the scheduler may insert these tokens into
+            # the radix cache as soon as the step returns.
+            positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
+            ops.inject_context_kv(
+                self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
+            )
+            logits_output.hidden_states = None  # not needed by the scheduler; skip the copy
+            self.verifier.start_requests(batch)
+            result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
+        self.timer.end_step(len(batch.reqs), kind="extend")
         return result
 
     def _forward_decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
-        draft_input: DFlashDraftInputV2 = batch.spec_info
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs, width = seq_lens.shape[0], self.num_draft_tokens
-        req_to_token = self.req_to_token_pool.req_to_token
 
-        # 1) Draft: one forward over the full trained block.
+        with self.timer.phase("draft"):
+            candidates, positions, proposals = self._draft(batch)  # [bs, B] each, [bs, B-1]
+
+        with self.timer.phase("verify"):
+            # The verify window's KV slots, reserved by prepare_for_decode.
+            verify_slots = gather_slots(
+                self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, width
+            )  # [bs, B]
+            logits_output, can_run_cuda_graph = self._verify(batch, candidates, positions, verify_slots)
+
+        with self.timer.phase("accept"):
+            logits = logits_output.next_token_logits  # [bs*B, V]
+            accept_len, out_tokens, new_bonus = self.verifier.verify(batch, candidates, logits, positions)
+            if self.simulated_acceptance is not None:
+                accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
+            commit_lens = (accept_len + 1).to(torch.int32)
+            self.verifier.commit(batch, candidates, commit_lens)
+            new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+
+        with self.timer.phase("inject"):
+            # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
+            if not self.skip_decode_injection:
+                committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
+                slots = torch.where(committed, verify_slots, 0).view(-1)
+                ops.inject_context_kv(
+                    self.draft_model, self.store, logits_output.hidden_states, positions.reshape(-1), slots
+                )
+            logits_output.hidden_states = None
+        if self.trace_file is not None:
+            self._trace(batch, seq_lens, proposals)
+        self.timer.end_step(bs)
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input(new_bonus, new_seq_lens),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _draft(self, batch: ScheduleBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draft forward over the full trained block -> candidates [bs, B] =
+        [bonus, d1..d_{B-1}], their positions [bs, B], and the proposals [bs, B-1]."""
+        draft_input: DFlashDraftInputV2 = batch.spec_info
+        seq_lens = batch.seq_lens
+        bs, width = seq_lens.shape[0], self.num_draft_tokens
         block_ids, block_positions = prepare_draft_block(
             draft_input.bonus_tokens,
             seq_lens,
@@ -239,53 +292,19 @@ class DFlashWorker(BaseSpecWorker):
         if lens_cpu is None:
             lens_cpu = batch.seq_lens_cpu + width
         attend = self.attention.bind(
-            req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
+            self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
         )
         embeds = self.embed_tokens(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
         proposals = torch.argmax(hidden[:, 1:width] @ self.lm_head_weight.T, dim=-1)  # [bs, B-1]
-        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, B]
-
-        # 2) Verify: the target runs the window as a plain causal chain.
-        verify_slots = gather_slots(req_to_token, batch.req_pool_indices, seq_lens, width)  # [bs, B]
-        positions = block_positions[:, :width].reshape(-1)
-        logits_output, can_run_cuda_graph = self._verify(batch, candidates, positions, verify_slots)
-
-        # 3) Accept, 4) commit.
-        logits = logits_output.next_token_logits  # [bs*B, V]
-        positions_2d = block_positions[:, :width]
-        accept_len, out_tokens, new_bonus = self.verifier.verify(batch, candidates, logits, positions_2d)
-        if self.simulated_acceptance is not None:
-            accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
-        commit_lens = (accept_len + 1).to(torch.int32)
-        self.verifier.commit(batch, candidates, commit_lens)
-        new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-
-        # 5) Inject the committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
-        if not self.skip_decode_injection:
-            committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
-            slots = torch.where(committed, verify_slots, 0).view(-1)
-            ops.inject_context_kv(self.draft_model, self.store, logits_output.hidden_states, positions, slots)
-        logits_output.hidden_states = None
-        if self.trace_file is not None:
-            self._trace(batch, seq_lens, proposals)
-
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
-            accept_lens=commit_lens,
-            can_run_cuda_graph=can_run_cuda_graph,
-            next_draft_input=make_draft_input(new_bonus, new_seq_lens),
-            speculative_num_draft_tokens=width,
-            new_seq_lens=new_seq_lens,
-        )
+        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)
+        return candidates, block_positions[:, :width], proposals
 
     def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots):
+        """One TARGET_VERIFY forward of the target over the window, a plain causal chain."""
         verify_input = DFlashVerifyInput(
             draft_token=candidates.reshape(-1),
-            positions=positions,
+            positions=positions.reshape(-1),
             draft_token_num=self.num_draft_tokens,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,

@@ -1,0 +1,1 @@
+"""Shared pieces of the benchmark scripts: statistics, HTTP client, prompts, server launcher, reports."""

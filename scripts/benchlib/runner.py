@@ -1,0 +1,109 @@
+"""One concurrency level of a load test: warm-up, then a closed loop of `concurrency` clients.
+
+Each client sends its next request as soon as its previous one ends. A level is bounded by a
+request count, or by a duration (no new requests after it; the ones in flight finish and count).
+The measured window runs from the first request sent to the last one finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import aiohttp
+import requests
+
+from scripts.benchlib import client, server, stats
+
+PUBLISH_WAIT = 1.5  # seconds; the server publishes its DFLASH counters once a second
+PayloadFn = Callable[[int], dict]  # request index -> JSON payload
+
+
+@dataclass
+class LevelSpec:
+    concurrency: int
+    num_requests: Optional[int] = None  # bound by count ...
+    duration: Optional[float] = None  # ... or by seconds
+    warmup: int = 0
+    timeout: float = 600.0
+    flush_cache: bool = True
+    progress: bool = True
+
+
+async def _closed_loop(url, endpoint, payload, spec: LevelSpec, count, duration, bar) -> list:
+    results: list[stats.RequestResult] = []
+    next_index, failed = 0, 0
+    deadline = None if duration is None else time.perf_counter() + duration
+
+    def take() -> Optional[int]:
+        nonlocal next_index
+        if count is not None and next_index >= count:
+            return None
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
+        next_index += 1
+        return next_index - 1
+
+    async def worker(session):
+        nonlocal failed
+        while (i := take()) is not None:
+            result = await client.send(session, url, endpoint, payload(i), i, spec.timeout)
+            results.append(result)
+            if bar is not None:
+                failed += not result.ok
+                bar.update(1)
+                bar.set_postfix(failed=failed, refresh=False)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as s:
+        await asyncio.gather(*(worker(s) for _ in range(spec.concurrency)))
+    return sorted(results, key=lambda r: r.index)
+
+
+def _server_accept_length(url: str) -> Optional[float]:
+    try:
+        return server.server_info(url)["internal_states"][0].get("avg_spec_accept_length")
+    except (requests.RequestException, KeyError, IndexError):
+        return None
+
+
+def run_level(url: str, endpoint: str, payload: PayloadFn, spec: LevelSpec) -> dict:
+    """Warm up, measure, and return the level's summary, server-side acceptance and requests."""
+    if spec.warmup:
+        asyncio.run(_closed_loop(url, endpoint, payload, spec, spec.warmup, None, None))
+    if spec.flush_cache:
+        server.flush_cache(url)
+    before = server.dflash_counters(server.prometheus_samples(url))
+    if before is not None:  # let the warm-up's last steps reach the counters first
+        time.sleep(PUBLISH_WAIT)
+        before = server.dflash_counters(server.prometheus_samples(url))
+    info_before = _server_accept_length(url)
+
+    bar = None
+    if spec.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=spec.num_requests, desc=f"concurrency {spec.concurrency}", unit="req")
+    start = time.perf_counter()
+    try:
+        results = asyncio.run(
+            _closed_loop(url, endpoint, payload, spec, spec.num_requests, spec.duration, bar)
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    first = min((r.start for r in results), default=start)
+    last = max((r.end for r in results), default=start)
+
+    if before is not None:
+        time.sleep(PUBLISH_WAIT)
+    after = server.dflash_counters(server.prometheus_samples(url))
+    return {
+        "concurrency": spec.concurrency,
+        "summary": stats.aggregate(results, last - first),
+        "server_acceptance": server.dflash_window(before, after),
+        "server_info_avg_accept_length": {"before": info_before, "after": _server_accept_length(url)},
+        "requests": [r.row() for r in results],
+    }

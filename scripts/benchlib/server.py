@@ -1,0 +1,265 @@
+"""Starting `python -m sglang.launch_server` for the benchmark scripts, and small HTTP helpers.
+
+`ServerConfig` names what to serve; `ServerProcess(config, log_path)` starts it with the
+device's defaults (on CPU: SGLang's CPU engine, `torch_native` attention, float32, one OMP
+thread, a capped KV pool; on CUDA: SGLang's own), waits for `/health_generate`, checks which
+DFLASH implementation answers, and logs the server's output to a file. Configurations:
+
+  baseline        no speculation
+  dflash          DFLASH served by this package (checked through /server_info)
+  dflash-builtin  DFLASH served by SGLang's built-in worker (SGLANG_DFLASH_IMPL=builtin; GPU only)
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import requests
+
+CONFIGS = ("baseline", "dflash", "dflash-builtin")
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+CPU_ARGS += ["--max-total-tokens", "8192"]
+
+
+def detect_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass
+class ServerConfig:
+    name: str  # one of CONFIGS
+    target: str
+    draft: Optional[str] = None
+    num_draft_tokens: Optional[int] = None
+    device: str = "cpu"
+    extra_args: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)  # e.g. SGLANG_SIMULATE_ACC_LEN
+
+    def skip_reason(self) -> Optional[str]:
+        if self.name == "dflash-builtin" and self.device != "cuda":
+            return "SGLang's built-in DFLASH worker refuses device=cpu (GPU only); skipped"
+        if self.name != "baseline" and not self.draft:
+            return f"{self.name} needs a draft model (--draft)"
+        return None
+
+    def command(self, port: int) -> list:
+        args = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.target]
+        args += ["--host", "127.0.0.1", "--port", str(port)]
+        args += CPU_ARGS if self.device == "cpu" else []
+        if self.name != "baseline":
+            args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", self.draft]
+            if self.num_draft_tokens:
+                args += ["--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        return args + list(self.extra_args)
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        if self.device == "cpu":
+            env.update(CPU_ENV)
+        env.pop("SGLANG_DFLASH_IMPL", None)
+        if self.name == "dflash-builtin":
+            env["SGLANG_DFLASH_IMPL"] = "builtin"
+        if self.name == "baseline":  # simulated acceptance means nothing without speculation
+            env.pop("SGLANG_SIMULATE_ACC_LEN", None)
+        env.update({k: str(v) for k, v in self.env.items()})
+        return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A running server; `stop()` (or the context manager) shuts it down."""
+
+    def __init__(self, config: ServerConfig, log_path: str, startup_timeout: float = 600.0):
+        self.config = config
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        cmd = config.command(self.port)
+        self._log.write("$ " + shlex.join(cmd) + "\n")
+        self._log.flush()
+        self.process = subprocess.Popen(
+            cmd, env=config.environment(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            self._wait_ready(startup_timeout)
+            self._check_implementation()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not self.alive():
+                raise RuntimeError(
+                    f"server exited with code {self.process.returncode}; log {self.log_path}:\n"
+                    + self.log_tail()
+                )
+            try:
+                if requests.get(self.url + "/health_generate", timeout=10).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; log {self.log_path}")
+
+    def _check_implementation(self) -> None:
+        if self.config.name == "baseline":
+            return
+        impl = server_info(self.url)["internal_states"][0].get("dflash_implementation", "")
+        ours = impl.startswith("sglang-dflash")
+        if ours != (self.config.name == "dflash"):
+            raise RuntimeError(f"{self.config.name}: DFLASH is served by {impl or 'SGLang built-in'}")
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+
+
+def server_info(url: str) -> dict:
+    response = requests.get(url + "/server_info", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def loads(url: str) -> dict:
+    """The first DP rank's load snapshot (`/v1/loads`)."""
+    response = requests.get(url + "/v1/loads", timeout=30)
+    response.raise_for_status()
+    return response.json()["loads"][0]
+
+
+def flush_cache(url: str, timeout: float = 60.0) -> None:
+    """`/flush_cache` refuses while requests are running or just finished; retry until idle."""
+    deadline = time.time() + timeout
+    while True:
+        response = requests.post(url + "/flush_cache", timeout=30)
+        if response.status_code == 200:
+            return
+        if time.time() > deadline:
+            raise TimeoutError(f"/flush_cache kept failing: {response.text.strip()}")
+        time.sleep(0.5)
+
+
+def prometheus_samples(url: str, prefix: str = "sglang:") -> Optional[dict]:
+    """`/metrics` as {(name, frozenset(labels)): value}, or None when metrics are off."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = requests.get(url + "/metrics", timeout=30)
+    if response.status_code != 200:
+        return None
+    out = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
+    """This package's acceptance counters (see `sglang_dflash/metrics.py`), summed over label
+    sets; None if the server does not export them."""
+    if not samples:
+        return None
+    out = {"verify_steps": 0.0, "accepted_drafts": 0.0, "discarded_steps": 0.0}
+    out.update(buckets={}, positions={})
+    found = False
+    for (name, labels), value in samples.items():
+        labels = dict(labels)
+        if name == "sglang:dflash_verify_steps_total":
+            out["verify_steps"] += value
+            found = True
+        elif name == "sglang:dflash_accepted_drafts_total":
+            out["accepted_drafts"] += value
+        elif name == "sglang:dflash_discarded_steps_total":
+            out["discarded_steps"] += value
+        elif name == "sglang:dflash_accepted_drafts_per_step_bucket":
+            le = float(labels["le"])
+            out["buckets"][le] = out["buckets"].get(le, 0.0) + value
+        elif name == "sglang:dflash_position_accepted_total":
+            k = int(labels["position"])
+            out["positions"][k] = out["positions"].get(k, 0.0) + value
+    return out if found else None
+
+
+def dflash_window(before: Optional[dict], after: Optional[dict]) -> dict:
+    """Server-side acceptance between two `dflash_counters` snapshots (empty if unavailable)."""
+    if before is None or after is None:
+        return {}
+    steps = after["verify_steps"] - before["verify_steps"]
+    if steps <= 0:
+        return {}
+    accepted = after["accepted_drafts"] - before["accepted_drafts"]
+    cumulative = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in after["buckets"]}
+    hist, below = {}, 0.0
+    for le in sorted(cumulative):
+        if le != float("inf"):
+            hist[int(le) + 1] = cumulative[le] - below  # accept length = accepted drafts + 1
+            below = cumulative[le]
+    positions = after["positions"]
+    return {
+        "verify_steps": steps,
+        "discarded_steps": after.get("discarded_steps", 0.0) - before.get("discarded_steps", 0.0),
+        "accept_length_mean": 1.0 + accepted / steps,
+        "accept_length_histogram": {k: int(c) for k, c in hist.items() if c},
+        "position_accept_rate": {
+            k: (positions[k] - before["positions"].get(k, 0.0)) / steps for k in sorted(positions)
+        },
+    }
+
+
+def default_models() -> tuple:
+    """The tiny trained pair shipped in the package if it is there (`sglang_dflash.assets`),
+    else a tiny random-weight pair built in a temp dir (acceptance near 1: smoke runs only)."""
+    try:
+        from sglang_dflash.assets import tiny_pair
+
+        target, draft = tiny_pair()
+        if os.path.isdir(target) and os.path.isdir(draft):
+            print(f"no --target: using the shipped tiny pair {os.path.dirname(target)}", flush=True)
+            return target, draft
+    except ImportError:
+        pass
+    import tempfile
+
+    from tests.tiny_models import make_draft, make_target
+
+    root = tempfile.mkdtemp(prefix="dflash-bench-")
+    print(f"no --target: building a tiny random-weight target and draft in {root}", flush=True)
+    return make_target(os.path.join(root, "target")), make_draft(os.path.join(root, "draft"))

@@ -1,0 +1,237 @@
+"""Load test an SGLang server over a concurrency sweep, or compare servers it starts itself.
+
+Against a running server (native /generate or OpenAI chat, both streamed):
+
+    python scripts/load_test.py --url http://127.0.0.1:30000 --concurrency 1,2,4,8 \\
+        --num-requests 64 --max-new-tokens 256 [--endpoint chat] [--dataset gsm8k --dataset-path F]
+
+Compare mode starts each server in turn (no speculation; DFLASH by this package; DFLASH by
+SGLang's built-in worker, GPU only) and runs the same sweep against each:
+
+    python scripts/load_test.py --compare --target T --draft D --concurrency 1,4,16 --duration 60
+
+Without --target the launch modes build a tiny random-weight pair (acceptance near 1: a smoke
+run, not a benchmark). Per level it reports TTFT, TPOT and per-token ITL (mean/p50/p90/p99),
+output tokens/s, requests/s, errors and timeouts, and the mean acceptance length with its
+distribution; it writes results.json, summary.csv, requests.csv and PNG plots to --output-dir.
+`--simulate-acc-len X` runs (or declares) SGLANG_SIMULATE_ACC_LEN=X; such results are labelled
+simulated everywhere and are never real speedups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from scripts.benchlib import prompts as prompt_sources  # noqa: E402
+from scripts.benchlib import report, runner, server  # noqa: E402
+
+
+def int_list(text: str) -> list:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_argument_group("server (one of --url, --configs, --compare)")
+    where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:30000")
+    where.add_argument(
+        "--configs", help=f"start these servers in turn, comma-separated from {','.join(server.CONFIGS)}"
+    )
+    where.add_argument("--compare", action="store_true", help="= --configs " + ",".join(server.CONFIGS))
+    where.add_argument("--target", help="target model path (launch modes; default: a tiny random pair)")
+    where.add_argument("--draft", help="DFlash draft path (launch modes)")
+    where.add_argument("--num-draft-tokens", type=int, help="--speculative-num-draft-tokens B")
+    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    where.add_argument(
+        "--server-args",
+        default="",
+        help='extra launch_server arguments as one string; write --server-args="--flag value"',
+    )
+
+    load = p.add_argument_group("load")
+    load.add_argument("--endpoint", choices=["generate", "chat"], default="generate")
+    load.add_argument("--dataset", choices=["synthetic", "jsonl", "gsm8k", "mt-bench"], default="synthetic")
+    load.add_argument("--dataset-path", help="JSONL file for jsonl / gsm8k / mt-bench")
+    load.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    load.add_argument("--tokenizer", help="chat template for /generate with chat prompts (default: server's)")
+    load.add_argument("--model", default="default", help="model name in OpenAI requests")
+    load.add_argument("--concurrency", type=int_list, default=[1, 2, 4, 8], help="e.g. 1,2,4,8")
+    load.add_argument("--num-requests", type=int, default=64, help="measured requests per level")
+    load.add_argument("--duration", type=float, help="seconds per level instead of --num-requests")
+    load.add_argument("--warmup", type=int, default=-1, help="warm-up requests per level (-1: = concurrency)")
+    load.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    load.add_argument("--no-flush-cache", action="store_true", help="keep the radix cache between levels")
+
+    sampling = p.add_argument_group("sampling")
+    sampling.add_argument("--max-new-tokens", type=int, default=256)
+    sampling.add_argument("--temperature", type=float, default=0.0)
+    sampling.add_argument("--top-p", type=float)
+    sampling.add_argument("--top-k", type=int)
+    sampling.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", help="default: load_test_results/<timestamp>")
+    out.add_argument(
+        "--simulate-acc-len", type=float, help="SGLANG_SIMULATE_ACC_LEN (labels output simulated)"
+    )
+    out.add_argument("--no-progress", action="store_true")
+    out.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if args.compare:
+        args.configs = ",".join(server.CONFIGS)
+    if bool(args.url) == bool(args.configs):
+        p.error("give either --url or --configs/--compare")
+    if args.configs and any(c not in server.CONFIGS for c in args.configs.split(",")):
+        p.error(f"--configs: choose from {', '.join(server.CONFIGS)}")
+    return args
+
+
+def sampling_params(args) -> dict:
+    params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    if args.top_p is not None:
+        params["top_p"] = args.top_p
+    if args.top_k is not None:
+        params["top_k"] = args.top_k
+    if args.ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
+def payload_fn(args, url: str, prompts: list):
+    """Request index -> payload, cycling through the prompts."""
+    from scripts.benchlib import client
+
+    sampling = sampling_params(args)
+    if args.endpoint == "chat":
+        bodies = [client.chat_payload(p.as_messages(), sampling, args.model) for p in prompts]
+    else:
+        template = None
+        if any(p.text is None for p in prompts):
+            template = chat_template(args.tokenizer or server_tokenizer(url))
+        bodies = [client.generate_payload(p.as_text(template), sampling) for p in prompts]
+    return lambda i: bodies[i % len(bodies)]
+
+
+def server_tokenizer(url: str) -> str:
+    import requests
+
+    info = requests.get(url + "/model_info", timeout=30).json()
+    return info.get("tokenizer_path") or info["model_path"]
+
+
+def chat_template(tokenizer_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    return lambda messages: tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+
+
+def server_kind(url: str) -> str:
+    """baseline / dflash / dflash-builtin / <other speculative algorithm>, from /server_info."""
+    info = server.server_info(url)
+    algorithm = info.get("speculative_algorithm")
+    if not algorithm:
+        return "baseline"
+    if algorithm != "DFLASH":
+        return algorithm.lower()
+    impl = info["internal_states"][0].get("dflash_implementation", "")
+    return "dflash" if impl.startswith("sglang-dflash") else "dflash-builtin"
+
+
+def sweep(args, url: str, name: str, prompts: list) -> dict:
+    make_payload = payload_fn(args, url, prompts)
+    levels = []
+    for concurrency in args.concurrency:
+        spec = runner.LevelSpec(
+            concurrency=concurrency,
+            num_requests=None if args.duration else args.num_requests,
+            duration=args.duration,
+            warmup=concurrency if args.warmup < 0 else args.warmup,
+            timeout=args.timeout,
+            flush_cache=not args.no_flush_cache,
+            progress=not args.no_progress,
+        )
+        levels.append(runner.run_level(url, args.endpoint, make_payload, spec))
+    return {"server": name, "url": url, "endpoint": args.endpoint, "levels": levels}
+
+
+def launch_and_sweep(args, prompts: list, out_dir: str, env: dict) -> tuple:
+    if args.target:
+        target, draft = args.target, args.draft
+    else:
+        target, draft = server.default_models()
+    device = server.detect_device() if args.device == "auto" else args.device
+    runs, skipped = [], []
+    for name in args.configs.split(","):
+        config = server.ServerConfig(
+            name, target, draft, args.num_draft_tokens, device, shlex.split(args.server_args), env
+        )
+        reason = config.skip_reason()
+        if reason:
+            print(f"== {name}: {reason}", flush=True)
+            skipped.append({"server": name, "reason": reason})
+            continue
+        print(f"== {name}: starting the server ({device}) ...", flush=True)
+        with server.ServerProcess(config, os.path.join(out_dir, f"server-{name}.log")) as proc:
+            runs.append(sweep(args, proc.url, name, prompts))
+    return runs, skipped
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    prompts = prompt_sources.load(args.dataset, args.dataset_path, args.num_prompts)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = args.output_dir or os.path.join("load_test_results", stamp)
+    os.makedirs(out_dir, exist_ok=True)
+
+    sim_env = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_SIMULATE_ACC_")}
+    if args.simulate_acc_len is not None:
+        sim_env["SGLANG_SIMULATE_ACC_LEN"] = str(args.simulate_acc_len)
+    label = report.simulated_label(sim_env)
+    if label:
+        print(f"!! {label}", flush=True)
+
+    if args.url:
+        runs, skipped = [sweep(args, args.url.rstrip("/"), server_kind(args.url), prompts)], []
+    else:
+        runs, skipped = launch_and_sweep(args, prompts, out_dir, sim_env if label else {})
+    results = {
+        "tool": "sglang-dflash scripts/load_test.py",
+        "created": stamp,
+        "label": label,
+        "simulated": bool(label),
+        "args": vars(args),
+        "skipped": skipped,
+        "runs": runs,
+        "speedups": report.speedups(runs) if len(runs) > 1 else [],
+    }
+
+    report.write_json(os.path.join(out_dir, "results.json"), results)
+    report.write_csv(os.path.join(out_dir, "summary.csv"), report.summary_rows(results))
+    report.write_csv(os.path.join(out_dir, "requests.csv"), report.request_rows(results))
+    plots = [] if args.no_plots else report.plot(results, out_dir)
+    print()
+    for run in runs:
+        print(report.summary_table(run, label) + "\n")
+    if results["speedups"]:
+        print(report.speedup_table(results["speedups"], label) + "\n")
+    print(f"results: {out_dir}/results.json, summary.csv, requests.csv" + (", " if plots else ""), end="")
+    print(", ".join(os.path.basename(p) for p in plots))
+    failed = sum(
+        lvl["summary"]["requests"] - lvl["summary"]["completed"] for r in runs for lvl in r["levels"]
+    )
+    if failed:
+        print(f"{failed} request(s) failed or timed out (see results.json error_kinds)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""scripts/load_test.py: its statistics against hand-computed oracles, its reports, and a short
+run against a CPU DFLASH server whose JSON, CSV and PNG outputs must be complete and consistent."""
+
+import asyncio
+import csv
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+from scripts import load_test
+from scripts.benchlib import client, prompts, report, server, stats
+
+# ------------------------------------------------------------------------------ statistics
+
+
+def test_percentile_hand_oracles():
+    assert stats.percentile([1, 2, 3, 4], 50) == 2.5
+    assert stats.percentile([4, 1, 3, 2], 90) == pytest.approx(3.7)  # rank 2.7 of 0..3
+    assert stats.percentile([1, 2, 3, 4], 99) == pytest.approx(3.97)
+    assert stats.percentile([1, 2, 3, 4], 0) == 1 and stats.percentile([1, 2, 3, 4], 100) == 4
+    assert stats.percentile([7.0], 99) == 7.0
+    assert stats.percentile([], 50) is None
+
+
+def test_percentile_matches_numpy_linear():
+    rng = random.Random(0)
+    for n in (2, 3, 10, 101):
+        values = [rng.expovariate(1.0) for _ in range(n)]
+        for q in (50, 90, 99):
+            assert stats.percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_summarize_scales_and_orders():
+    s = stats.summarize([0.001, 0.002, 0.003, 0.004], 1e3)
+    assert s == pytest.approx({"mean": 2.5, "p50": 2.5, "p90": 3.7, "p99": 3.97, "max": 4.0})
+    assert stats.summarize([]) == {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+
+
+def test_stream_timings_hand_oracle():
+    # Sent at 0; tokens 1 @0.5, (no new token @0.6), 3 @0.7, 4 @1.0; stream ends at 1.1.
+    t = stats.stream_timings(0.0, [(0.5, 1), (0.6, 1), (0.7, 3), (1.0, 4)], 1.1)
+    assert t["ttft"] == 0.5
+    assert t["output_tokens"] == 4
+    # 2 tokens after a 0.2 s gap -> two ITLs of 0.1; 1 token after 0.3 s -> one of 0.3.
+    assert t["itls"] == pytest.approx([0.1, 0.1, 0.3])
+    assert t["tpot"] == pytest.approx((1.1 - 0.5) / 3)
+    assert stats.summarize(t["itls"]) == pytest.approx(
+        {"mean": 0.5 / 3, "p50": 0.1, "p90": 0.26, "p99": 0.296, "max": 0.3}
+    )
+
+
+def test_stream_timings_without_tokens_or_with_one():
+    assert stats.stream_timings(0.0, [], 1.0) == {"ttft": None, "tpot": None, "itls": [], "output_tokens": 0}
+    one = stats.stream_timings(1.0, [(1.25, 1)], 2.0)
+    assert (one["ttft"], one["tpot"], one["itls"], one["output_tokens"]) == (0.25, None, [], 1)
+
+
+def _request(i, ok=True, tokens=0, verify=0, hist=(), error=None, start=0.0, end=1.0):
+    r = stats.RequestResult(index=i, endpoint="generate", start=start, end=end, ok=ok, error=error)
+    r.output_tokens, r.spec_verify_ct, r.spec_histogram = tokens, verify, list(hist)
+    r.spec_accept_length = tokens / verify if verify else None
+    return r
+
+
+def test_acceptance_hand_oracle():
+    # r1: 3 steps accepting 0, 1, 2 drafts -> 1 + (1+2+3) = 7 tokens; r2: 2 steps accepting 0.
+    results = [_request(0, tokens=7, verify=3, hist=[1, 1, 1]), _request(1, tokens=3, verify=2, hist=[2])]
+    results.append(_request(2, ok=False, error="timeout", verify=9, hist=[9]))  # ignored
+    acc = stats.acceptance(results)
+    assert acc["verify_steps"] == 5
+    assert acc["accept_length_histogram"] == {1: 3, 2: 1, 3: 1}
+    assert acc["accept_length_mean"] == pytest.approx((1 * 3 + 2 * 1 + 3 * 1) / 5)
+    assert acc["accept_length_sglang"] == pytest.approx((7 + 3) / 5)
+    assert acc["accept_length_per_request_mean"] == pytest.approx((7 / 3 + 3 / 2) / 2)
+    assert stats.acceptance([_request(0, tokens=5)]) == {}  # no speculation
+
+
+def test_aggregate_counts_and_throughput():
+    results = [
+        _request(0, tokens=7, verify=3, hist=[1, 1, 1], start=0.0, end=1.0),
+        _request(1, tokens=3, verify=2, hist=[2], start=0.5, end=2.0),
+        _request(2, ok=False, error="timeout"),
+        _request(3, ok=False, error="http_500"),
+    ]
+    agg = stats.aggregate(results, duration=2.0)
+    assert (agg["requests"], agg["completed"], agg["errors"], agg["timeouts"]) == (4, 2, 1, 1)
+    assert agg["error_kinds"] == {"timeout": 1, "http_500": 1}
+    assert agg["output_tokens"] == 10
+    assert agg["output_throughput"] == 5.0 and agg["request_throughput"] == 1.0
+    assert agg["e2e_ms"]["max"] == pytest.approx(1500.0)
+
+
+def test_dflash_window_hand_oracle():
+    before = {
+        "verify_steps": 10,
+        "accepted_drafts": 5,
+        "buckets": {0.0: 6, 1.0: 8, 2.0: 10, float("inf"): 10},
+    }
+    before["positions"] = {1: 4, 2: 1}
+    # 5 more steps accepting 0, 1, 2, 2, 2 drafts.
+    after = {
+        "verify_steps": 15,
+        "accepted_drafts": 12,
+        "buckets": {0.0: 7, 1.0: 10, 2.0: 15, float("inf"): 15},
+    }
+    after["positions"] = {1: 8, 2: 4}
+    w = server.dflash_window(before, after)
+    assert w["verify_steps"] == 5
+    assert w["accept_length_mean"] == pytest.approx(1 + 7 / 5)
+    assert w["accept_length_histogram"] == {1: 1, 2: 1, 3: 3}
+    assert w["position_accept_rate"] == pytest.approx({1: 4 / 5, 2: 3 / 5})
+    assert server.dflash_window(None, after) == {}
+
+
+# ------------------------------------------------------------------------- client & prompts
+
+
+class _FakeContent:
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    async def iter_any(self):
+        for block in self.blocks:
+            yield block
+
+
+class _FakeResponse:
+    def __init__(self, blocks):
+        self.content = _FakeContent(blocks)
+
+
+def test_iter_sse_reassembles_split_events_and_stops_at_done():
+    blocks = [b'data: {"a"', b': 1}\n\ndata: {"a": 2}\n', b"\n: comment\ndata: [DONE]\n\ndata: {}\n\n"]
+
+    async def collect():
+        return [event async for event in client.iter_sse(_FakeResponse(blocks))]
+
+    assert asyncio.run(collect()) == [{"a": 1}, {"a": 2}]
+
+
+def test_chat_payload_maps_sampling_names():
+    p = client.chat_payload([{"role": "user", "content": "hi"}], {"max_new_tokens": 8, "temperature": 0.5})
+    assert p["max_tokens"] == 8 and p["temperature"] == 0.5 and "max_new_tokens" not in p
+    assert p["stream"] and p["stream_options"]["continuous_usage_stats"] and p["return_spec_tokens_details"]
+
+
+def test_prompt_files(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "hello"})
+        + "\n\n"
+        + json.dumps({"messages": [{"role": "user", "content": "x"}]})
+    )
+    loaded = prompts.load("jsonl", str(path))
+    assert loaded[0].text == "hello" and loaded[1].messages[0]["content"] == "x"
+    assert loaded[1].as_text(lambda m: "T:" + m[0]["content"]) == "T:x"
+    gsm = tmp_path / "g.jsonl"
+    gsm.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
+    assert prompts.load("gsm8k", str(gsm))[0].text == "2+2?" + prompts.MATH_SUFFIX
+    mt = tmp_path / "m.jsonl"
+    mt.write_text(json.dumps({"turns": ["first", "second"], "category": "x"}) + "\n")
+    assert prompts.load("mt-bench", str(mt))[0].as_messages() == [{"role": "user", "content": "first"}]
+    bad = tmp_path / "b.jsonl"
+    bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"text": "no"}) + "\n")
+    with pytest.raises(ValueError, match="b.jsonl:2"):
+        prompts.load("jsonl", str(bad))
+    assert len(prompts.load("synthetic")) == 64 and len(prompts.load("synthetic", limit=5)) == 5
+
+
+# ----------------------------------------------------------------------------------- reports
+
+
+def _results(label=None):
+    def level(c, tput, tpot):
+        summary = stats.aggregate([], 1.0)
+        summary.update(output_throughput=tput, tpot_ms=stats.summarize([tpot]))
+        return {"concurrency": c, "summary": summary, "server_acceptance": {}, "requests": []}
+
+    runs = [
+        {
+            "server": "baseline",
+            "url": "u",
+            "endpoint": "generate",
+            "levels": [level(1, 100, 10), level(4, 300, 13)],
+        },
+        {
+            "server": "dflash",
+            "url": "u",
+            "endpoint": "generate",
+            "levels": [level(1, 250, 4), level(4, 600, 6.5)],
+        },
+    ]
+    return {"label": label, "simulated": bool(label), "runs": runs}
+
+
+def test_speedups_against_baseline():
+    rows = report.speedups(_results()["runs"])
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    assert rows[0]["dflash_speedup"] == 2.5 and rows[1]["dflash_speedup"] == 2.0
+    assert rows[0]["dflash_tpot_speedup"] == 2.5 and rows[1]["dflash_tpot_speedup"] == 2.0
+
+
+def test_simulated_label_reaches_every_output(tmp_path):
+    assert report.simulated_label({}) is None
+    assert report.simulated_label({"SGLANG_SIMULATE_ACC_LEN": "-1"}) is None
+    label = report.simulated_label({"SGLANG_SIMULATE_ACC_LEN": "3.5", "SGLANG_SIMULATE_ACC_METHOD": "x"})
+    assert "SIMULATED" in label and "SGLANG_SIMULATE_ACC_LEN=3.5" in label and "METHOD=x" in label
+    results = _results(label)
+    assert label in report.summary_table(results["runs"][1], label)
+    assert label in report.speedup_table(report.speedups(results["runs"]), label)
+    assert all(row["simulated_acceptance"] == label for row in report.summary_rows(results))
+    for path in report.plot(results, str(tmp_path)):
+        assert label in _png_title(path)
+
+
+def _png_title(path: str) -> str:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.text["Title"]
+
+
+def test_builtin_is_skipped_on_cpu():
+    config = server.ServerConfig("dflash-builtin", "t", "d", device="cpu")
+    assert "GPU only" in config.skip_reason()
+    assert server.ServerConfig("dflash-builtin", "t", "d", device="cuda").skip_reason() is None
+    assert server.ServerConfig("baseline", "t", device="cpu").environment().get("SGLANG_DFLASH_IMPL") is None
+
+
+def test_compare_mode_on_cpu_skips_builtin_with_a_message(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--configs", "dflash-builtin", "--target", "t", "--draft", "d", "--device", "cpu"]
+    assert load_test.main(argv + ["--output-dir", str(out), "--no-plots"]) == 0
+    assert "GPU only" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["runs"] == [] and "GPU only" in results["skipped"][0]["reason"]
+
+
+# ------------------------------------------------------------------ a run against a server
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def dflash_server(tiny, tmp_path_factory):
+    target, draft = tiny.pair("a")
+    log = str(tmp_path_factory.mktemp("server") / "server.log")
+    extra = ["--max-total-tokens", "6144", "--enable-metrics", "--log-level", "warning"]
+    config = server.ServerConfig("dflash", target, draft, 8, "cpu", extra)
+    with server.ServerProcess(config, log) as proc:
+        yield proc
+
+
+def _check_level(level: dict, width: int) -> None:
+    s, reqs = level["summary"], level["requests"]
+    assert s["requests"] == len(reqs) > 0
+    assert s["completed"] == s["requests"] and s["errors"] == s["timeouts"] == 0
+    assert all(r["ok"] and r["output_tokens"] == MAX_NEW for r in reqs)  # ignore_eos
+    assert s["output_tokens"] == sum(r["output_tokens"] for r in reqs) == MAX_NEW * len(reqs)
+    assert s["output_throughput"] == pytest.approx(s["output_tokens"] / s["duration_s"])
+    assert s["request_throughput"] == pytest.approx(s["completed"] / s["duration_s"])
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        st = s[name]
+        assert 0 < st["p50"] <= st["p90"] <= st["p99"] <= st["max"], (name, st)
+    assert s["ttft_ms"]["max"] <= s["e2e_ms"]["max"]
+    # Acceptance: every request's steps add up, and each step commits 1..B tokens.
+    acc = s["acceptance"]
+    for r in reqs:
+        assert sum(r["spec_histogram"]) == r["spec_verify_ct"] > 0
+        assert sum((k + 1) * c for k, c in enumerate(r["spec_histogram"])) >= r["output_tokens"] - 1
+    assert acc["verify_steps"] == sum(r["spec_verify_ct"] for r in reqs)
+    assert sum(acc["accept_length_histogram"].values()) == acc["verify_steps"]
+    assert 1.0 <= acc["accept_length_mean"] <= width
+    server_side = level["server_acceptance"]
+    if server_side:  # the worker exports sglang:dflash_* (see sglang_dflash/metrics.py)
+        assert server_side["verify_steps"] == acc["verify_steps"]
+        assert server_side["accept_length_histogram"] == acc["accept_length_histogram"]
+
+
+@pytest.mark.sglang
+def test_load_test_generate_outputs(dflash_server, tmp_path):
+    out = tmp_path / "out"
+    argv = ["--url", dflash_server.url, "--concurrency", "1,2", "--duration", "2", "--warmup", "1"]
+    argv += ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--output-dir", str(out), "--no-progress"]
+    assert load_test.main(argv) == 0
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["simulated"] is False and results["label"] is None
+    (run,) = results["runs"]
+    assert run["server"] == "dflash" and [lvl["concurrency"] for lvl in run["levels"]] == [1, 2]
+    for level in run["levels"]:
+        _check_level(level, width=8)
+
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert [int(r["concurrency"]) for r in rows] == [1, 2]
+    for row, level in zip(rows, run["levels"]):
+        assert int(row["output_tokens"]) == level["summary"]["output_tokens"]
+        assert float(row["tpot_p99_ms"]) == pytest.approx(level["summary"]["tpot_ms"]["p99"])
+        assert row["simulated_acceptance"] == ""
+    requests = list(csv.DictReader(open(out / "requests.csv")))
+    assert len(requests) == sum(lvl["summary"]["requests"] for lvl in run["levels"])
+    assert all(int(r["output_tokens"]) == MAX_NEW for r in requests)
+
+    import matplotlib.image
+
+    for name in ("throughput.png", "latency.png", "acceptance.png"):
+        path = out / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.image.imread(str(path)).shape[0] > 100
+        assert "SIMULATED" not in _png_title(str(path))
+
+
+@pytest.mark.sglang
+def test_load_test_openai_chat(dflash_server, tmp_path):
+    out = tmp_path / "out"
+    argv = ["--url", dflash_server.url, "--endpoint", "chat", "--concurrency", "2", "--num-requests", "4"]
+    argv += ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--output-dir", str(out)]
+    argv += ["--no-progress", "--no-plots", "--simulate-acc-len", "3"]  # declared: labels only
+    assert load_test.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["simulated"] is True and "SGLANG_SIMULATE_ACC_LEN=3.0" in results["label"]
+    (level,) = results["runs"][0]["levels"]
+    assert level["summary"]["requests"] == 4
+    _check_level(level, width=8)
+    assert all(r["endpoint"] == "chat" for r in level["requests"])
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_compare_mode_end_to_end(tiny, tmp_path):
+    """Starts no-speculation and DFLASH servers itself; the speedup table covers both."""
+    target, draft = tiny.pair("a")
+    out = tmp_path / "out"
+    argv = ["--configs", "baseline,dflash,dflash-builtin", "--target", target, "--draft", draft]
+    argv += ["--device", "cpu", "--num-draft-tokens", "8", "--concurrency", "1,2", "--num-requests", "4"]
+    argv += ["--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--output-dir", str(out), "--no-progress"]
+    assert load_test.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [r["server"] for r in results["runs"]] == ["baseline", "dflash"]
+    assert [s["server"] for s in results["skipped"]] == ["dflash-builtin"]
+    assert [r["concurrency"] for r in results["speedups"]] == [1, 2]
+    assert all(r["dflash_speedup"] > 0 for r in results["speedups"])
+    assert os.path.exists(out / "server-dflash.log")
+
+
+# ------------------------------------------------------------------------------ soak traffic
+
+
+def test_soak_traffic_mixes_every_kind_of_request():
+    from scripts import soak
+
+    maker = soak.ScenarioMaker(seed=0, vocab=384)
+    scenarios = [maker.make() for _ in range(2000)]
+    kinds = {(s.endpoint, s.stream, s.action) for s in scenarios}
+    assert {
+        ("generate", True, "complete"),
+        ("generate", True, "disconnect"),
+        ("generate", True, "abort"),
+    } <= kinds
+    assert {("chat", True, "complete"), ("chat", True, "disconnect"), ("chat", False, "complete")} <= kinds
+    assert ("generate", False, "cut") in kinds
+    ids = [s.payload["input_ids"] for s in scenarios if s.endpoint == "generate"]
+    assert min(map(len, ids)) <= 16 and max(map(len, ids)) >= 512
+    for prefix in maker.prefixes:  # every shared prefix is reused
+        assert sum(p[: len(prefix)] == prefix for p in ids) >= 2
+    sampling = [s.payload.get("sampling_params") or s.payload for s in scenarios]
+    assert {p["temperature"] == 0.0 for p in sampling} == {True, False}
+    new_tokens = {p.get("max_new_tokens", p.get("max_tokens")) for p in sampling}
+    assert new_tokens == set(soak.MAX_NEW_TOKENS)
+    assert all(0 <= t < 384 for p in ids for t in p)
+    again = soak.ScenarioMaker(seed=0, vocab=384)
+    assert [again.make().payload.get("input_ids") for _ in range(20)] == [
+        s.payload.get("input_ids") for s in scenarios[:20]
+    ]
