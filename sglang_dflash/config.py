@@ -61,7 +61,7 @@ def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str
         ) from error
 
 
-def _int_field(raw: dict, name: str, value: Any, *, minimum: int) -> int:
+def _int_field(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise CheckpointError(f"draft config field {name!r} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -148,9 +148,9 @@ class DFlashDraftConfig:
                 f"draft config field 'architectures' must contain {ARCHITECTURE!r}, got {archs!r}"
             )
 
-        hidden_size = _int_field(raw, "hidden_size", require("hidden_size"), minimum=1)
-        num_layers = _int_field(raw, "num_hidden_layers", require("num_hidden_layers"), minimum=1)
-        num_heads = _int_field(raw, "num_attention_heads", require("num_attention_heads"), minimum=1)
+        hidden_size = _int_field("hidden_size", require("hidden_size"), minimum=1)
+        num_layers = _int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
+        num_heads = _int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
         num_kv_heads = _int_field(
             raw, "num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1
         )
@@ -160,10 +160,10 @@ class DFlashDraftConfig:
                 f"'num_key_value_heads' ({num_kv_heads})"
             )
         head_dim = get("head_dim") or hidden_size // num_heads
-        head_dim = _int_field(raw, "head_dim", head_dim, minimum=2)
+        head_dim = _int_field("head_dim", head_dim, minimum=2)
         if head_dim % 2:
             raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
-        intermediate = _int_field(raw, "intermediate_size", require("intermediate_size"), minimum=1)
+        intermediate = _int_field("intermediate_size", require("intermediate_size"), minimum=1)
         act = get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"draft config field 'hidden_act' must be 'silu', got {act!r}")
@@ -174,12 +174,12 @@ class DFlashDraftConfig:
         if not isinstance(bias, bool):
             raise CheckpointError(f"draft config field 'attention_bias' must be a boolean, got {bias!r}")
 
-        block_size = _int_field(raw, "block_size", require("block_size"), minimum=2)
-        mask_token_id = _int_field(raw, "mask_token_id", require("mask_token_id"), minimum=0)
+        block_size = _int_field("block_size", require("block_size"), minimum=2)
+        mask_token_id = _int_field("mask_token_id", require("mask_token_id"), minimum=0)
 
         num_target_layers = get("num_target_layers")
         if num_target_layers is not None:
-            num_target_layers = _int_field(raw, "num_target_layers", num_target_layers, minimum=1)
+            num_target_layers = _int_field("num_target_layers", num_target_layers, minimum=1)
         layer_ids = get("target_layer_ids")
         if layer_ids is not None:
             if (
@@ -205,7 +205,7 @@ class DFlashDraftConfig:
             )
         sliding_window = get("sliding_window")
         if "sliding_attention" in layer_types:
-            sliding_window = _int_field(raw, "sliding_window", sliding_window, minimum=1)
+            sliding_window = _int_field("sliding_window", sliding_window, minimum=1)
         else:
             sliding_window = None
         is_causal = get("is_causal")
@@ -219,7 +219,7 @@ class DFlashDraftConfig:
             )
         vocab_size = get("vocab_size")
         if vocab_size is not None:
-            vocab_size = _int_field(raw, "vocab_size", vocab_size, minimum=1)
+            vocab_size = _int_field("vocab_size", vocab_size, minimum=1)
 
         return cls(
             hidden_size=hidden_size,
