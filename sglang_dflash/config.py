@@ -151,9 +151,7 @@ class DFlashDraftConfig:
         hidden_size = _int_field("hidden_size", require("hidden_size"), minimum=1)
         num_layers = _int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
         num_heads = _int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
-        num_kv_heads = _int_field(
-            raw, "num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1
-        )
+        num_kv_heads = _int_field("num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1)
         if num_heads % num_kv_heads:
             raise CheckpointError(
                 f"draft config field 'num_attention_heads' ({num_heads}) must be a multiple of "
