@@ -515,6 +515,21 @@ def test_bf16_export_loads_in_both(files, tmp_path):
     assert torch.equal(ref.fc.weight, ours.fc.weight)
 
 
+def test_autocast_setting(files, tmp_path):
+    """--autocast auto is fp32 on CPU; bf16 autocasts the forward there too, weights stay fp32."""
+    seen = {}
+    for mode in ("auto", "bf16", "off"):
+        trainer = _trainer(_config(files, str(tmp_path / mode), autocast=mode))
+        dtypes = set()
+        trainer.draft.fc.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+        trainer.evaluate(trainer.examples[:4])
+        seen[mode] = dtypes
+        assert trainer.draft.fc.weight.dtype == torch.float32
+    assert seen == {"auto": {torch.float32}, "bf16": {torch.bfloat16}, "off": {torch.float32}}
+    with pytest.raises(TrainConfigError, match=r"--autocast must be one of .*, got 'fp8'"):
+        _config(files, str(tmp_path / "bad"), autocast="fp8")
+
+
 def test_training_on_greedy_continuations_raises_accuracy(files, tmp_path):
     """A few dozen steps on the target's own greedy continuations, judged on held-out prompts."""
     cfg = _config(

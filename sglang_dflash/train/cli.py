@@ -14,6 +14,7 @@ from typing import Optional
 
 from sglang_dflash.config import CheckpointError
 from sglang_dflash.train.config import (
+    AUTOCAST,
     EXPORT_DTYPES,
     LABELS,
     LAYER_TYPE_ALIASES,
@@ -48,8 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "--eval-every", "evaluate --eval-data every N steps (0: only at the end)", type=int)
     add(g, "--export-dtype", "dtype of the exported weights", choices=EXPORT_DTYPES)
     add(g, "--device", "cuda or cpu; None: cuda if available")
+    add(
+        g,
+        "--autocast",
+        "forward precision; auto: bf16 autocast on CUDA, fp32 on CPU (weights and optimizer stay fp32)",
+        choices=AUTOCAST,
+    )
     p.set_defaults(progress=True)
-    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    g.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="no progress bars",
+    )
 
     g = p.add_argument_group("regeneration (learn the target's own outputs)")
     add(g, "--regenerate", "rewrite responses with the target", choices=REGENERATE)

@@ -20,6 +20,7 @@ LAYER_TYPE_ALIASES = {
     "sliding_attention": "sliding_attention",
 }
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
+AUTOCAST = ("auto", "bf16", "off")  # auto: bf16 on CUDA, none (fp32) on CPU
 
 
 class TrainConfigError(ValueError):
@@ -88,6 +89,7 @@ class TrainConfig:
     resume: Optional[str] = None  # a checkpoint directory, or "latest"
     device: Optional[str] = None  # None: cuda if available, else cpu
     export_dtype: str = "bfloat16"
+    autocast: str = "auto"  # "auto": bf16 on CUDA, fp32 on CPU; "bf16" also on a CPU with bf16 units
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -120,6 +122,7 @@ class TrainConfig:
             ("labels", LABELS),
             ("regen_backend", REGEN_BACKENDS),
             ("export_dtype", EXPORT_DTYPES),
+            ("autocast", AUTOCAST),
         ):
             if getattr(self, name) not in choices:
                 raise TrainConfigError(

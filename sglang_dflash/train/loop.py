@@ -157,8 +157,10 @@ class Trainer:
         return data.load_examples(cache, self.tokenizer, cfg.max_length, flag)
 
     def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast for the forward passes (`--autocast`); master weights stay fp32."""
+        mode = self.cfg.autocast
+        if mode == "bf16" or (mode == "auto" and self.device.type == "cuda"):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------------- steps
