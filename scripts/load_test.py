@@ -10,10 +10,11 @@ SGLang's built-in worker, GPU only) and runs the same sweep against each:
 
     python scripts/load_test.py --compare --target T --draft D --concurrency 1,4,16 --duration 60
 
-Without --target the launch modes build a tiny random-weight pair (acceptance near 1: a smoke
-run, not a benchmark). Per level it reports TTFT, TPOT and per-token ITL (mean/p50/p90/p99),
-output tokens/s, requests/s, errors and timeouts, and the mean acceptance length with its
-distribution; it writes results.json, summary.csv, requests.csv and PNG plots to --output-dir.
+Without --target the launch modes serve the tiny trained pair shipped in the package (a code
+model: use `--dataset code`, its held-out prompts; on other text its acceptance is low). Per
+level it reports TTFT, TPOT and per-token ITL (mean/p50/p90/p99), output tokens/s, requests/s,
+errors and timeouts, and the mean acceptance length with its distribution; it writes
+results.json, summary.csv, requests.csv and PNG plots to --output-dir.
 `--simulate-acc-len X` runs (or declares) SGLANG_SIMULATE_ACC_LEN=X; such results are labelled
 simulated everywhere and are never real speedups.
 """
@@ -44,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--configs", help=f"start these servers in turn, comma-separated from {','.join(server.CONFIGS)}"
     )
     where.add_argument("--compare", action="store_true", help="= --configs " + ",".join(server.CONFIGS))
-    where.add_argument("--target", help="target model path (launch modes; default: a tiny random pair)")
+    where.add_argument("--target", help="target model path (launch modes; default: the shipped tiny pair)")
     where.add_argument("--draft", help="DFlash draft path (launch modes)")
     where.add_argument("--num-draft-tokens", type=int, help="--speculative-num-draft-tokens B")
     where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -56,7 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     load = p.add_argument_group("load")
     load.add_argument("--endpoint", choices=["generate", "chat"], default="generate")
-    load.add_argument("--dataset", choices=["synthetic", "jsonl", "gsm8k", "mt-bench"], default="synthetic")
+    load.add_argument(
+        "--dataset", choices=["synthetic", "code", "jsonl", "gsm8k", "mt-bench"], default="synthetic"
+    )
     load.add_argument("--dataset-path", help="JSONL file for jsonl / gsm8k / mt-bench")
     load.add_argument("--num-prompts", type=int, help="use only the first N prompts")
     load.add_argument("--tokenizer", help="chat template for /generate with chat prompts (default: server's)")

@@ -2,7 +2,7 @@
 
     python scripts/soak.py [--minutes 10] [--concurrency 32] [--target T --draft D] [--seed 0]
 
-Starts a DFLASH server (CPU unless --device cuda; tiny random models unless --target) with
+Starts a DFLASH server (CPU unless --device cuda; the shipped tiny pair unless --target) with
 SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE=1, so SGLang's idle leak checker kills it on a
 leak. `--concurrency` clients then send requests back to back, each drawn at random:
 
@@ -260,7 +260,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--request-timeout", type=float, default=300.0, help="seconds before a request counts as hung"
     )
-    p.add_argument("--target", help="target model (default: a tiny random pair)")
+    p.add_argument("--target", help="target model (default: the shipped tiny pair)")
     p.add_argument("--draft", help="DFlash draft")
     p.add_argument("--num-draft-tokens", type=int)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")

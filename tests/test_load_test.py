@@ -168,6 +168,9 @@ def test_prompt_files(tmp_path):
     with pytest.raises(ValueError, match="b.jsonl:2"):
         prompts.load("jsonl", str(bad))
     assert len(prompts.load("synthetic")) == 64 and len(prompts.load("synthetic", limit=5)) == 5
+    from sglang_dflash.assets import tiny_pair_prompts
+
+    assert [p.text for p in prompts.load("code", limit=3)] == tiny_pair_prompts()[:3]
 
 
 # ----------------------------------------------------------------------------------- reports

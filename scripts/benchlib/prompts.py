@@ -1,6 +1,8 @@
 """Prompt sources for the load test: a built-in synthetic set, or files the user supplies.
 
 * `synthetic`: a fixed set of short chat/code/math prompts (no download, deterministic).
+* `code`: the shipped tiny pair's completion prompts (Python standard-library code held out of
+  its training; `sglang_dflash.assets.tiny_pair_prompts`), the text that pair is good at.
 * `jsonl`: one JSON object per line with `prompt` (a string) or `messages` (an OpenAI chat list).
 * `gsm8k`: GSM8K-style lines with `question`; the math suffix z-lab's benchmark uses is added.
 * `mt-bench`: MT-Bench-style lines with `turns` (or `prompt`) as a list of user turns; the first
@@ -108,6 +110,10 @@ def load_file(path: str, kind: str = "jsonl") -> list[Prompt]:
 def load(dataset: str, path: Optional[str] = None, limit: Optional[int] = None) -> list[Prompt]:
     if dataset == "synthetic":
         prompts = synthetic()
+    elif dataset == "code":
+        from sglang_dflash.assets import tiny_pair_prompts
+
+        prompts = [Prompt(text=t) for t in tiny_pair_prompts()]
     elif path is None:
         raise ValueError(f"--dataset {dataset} needs --dataset-path")
     else:
