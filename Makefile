@@ -29,7 +29,7 @@ install: $(VENV)/.deps
 	$(EXT_ENV) $(PY) setup.py -q build_ext --inplace
 
 demo: install
-	$(CPU_ENV) $(PY) scripts/demo.py
+	$(PY) scripts/demo.py  # picks CUDA if torch sees a GPU, else the CPU engine
 
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check sglang_dflash tests scripts setup.py

@@ -2,9 +2,13 @@
 
     python scripts/demo.py [--target DIR --draft DIR] [--num-draft-tokens B] [--prompts N]
 
-Without --target/--draft it builds a tiny random-weight Qwen3 target and DFlash draft (the
-draft proposes mostly wrong tokens, so acceptance stays near 1; the output is still exactly
-the target's). Runs on CUDA if available, otherwise on SGLang's CPU engine.
+Without --target/--draft it serves the pair shipped in the package
+(`sglang_dflash.assets.tiny_pair()`): a 4-layer Qwen3 code model trained on CPU on Python
+standard-library sources, and its DFlash draft trained by this repo's recipe
+(`scripts/build_tiny_pair.py`). The prompts come from standard-library files held out of that
+training. Each prompt is generated alone (concurrency 1), greedily, first with DFLASH and then
+without speculation; the outputs must be identical. Runs on CUDA if available, otherwise on
+SGLang's CPU engine (it then sets SGLANG_USE_CPU_ENGINE=1 and OMP_NUM_THREADS=1 itself).
 """
 
 from __future__ import annotations
@@ -12,11 +16,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def choose_device() -> str:
+    """CUDA when torch sees a GPU; otherwise SGLang's CPU engine, set up before sglang is imported."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    # One intra-op thread per process: several threads on few cores make each step far slower.
+    # Engine subprocesses inherit both variables; the package's .pth file installs the
+    # sgl_kernel stand-ins there, and this process gets them here.
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    from sglang_dflash.cpu import bootstrap
+
+    bootstrap.install()
+    return "cpu"
 
 
 def engine_args(device: str) -> dict:
@@ -26,6 +47,7 @@ def engine_args(device: str) -> dict:
 
 
 def run(label, target, draft, num_draft_tokens, prompts, sampling, device):
+    """Generate each prompt alone; print throughput (and acceptance with a draft)."""
     import sglang as sgl
 
     spec = {}
@@ -38,9 +60,9 @@ def run(label, target, draft, num_draft_tokens, prompts, sampling, device):
     print(f"\n== {label}: starting SGLang ({device}) ...", flush=True)
     engine = sgl.Engine(model_path=target, log_level="error", **engine_args(device), **spec)
     try:
-        engine.generate(prompts[:1], dict(sampling, max_new_tokens=4))  # warm-up
+        engine.generate(prompts[0], dict(sampling, max_new_tokens=8))  # warm-up
         start = time.perf_counter()
-        outputs = engine.generate(prompts, sampling)
+        outputs = [engine.generate(p, sampling) for p in prompts]
         elapsed = time.perf_counter() - start
         state = engine.get_server_info()["internal_states"][0]
     finally:
@@ -49,52 +71,63 @@ def run(label, target, draft, num_draft_tokens, prompts, sampling, device):
     print(f"   {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s")
     if draft:
         print(f"   served by: {state.get('dflash_implementation')}")
-        verify_steps = sum(o["meta_info"]["spec_verify_ct"] for o in outputs)
-        print(f"   mean acceptance length: {tokens / verify_steps:.2f} tokens per verify step")
-        histogram = Counter()
-        for o in outputs:
-            for accepted, count in enumerate(o["meta_info"].get("spec_correct_drafts_histogram") or []):
-                histogram[accepted + 1] += count
-        if histogram:
-            width = max(histogram.values())
-            for length in sorted(histogram):
-                bar = "#" * max(1, round(40 * histogram[length] / width))
-                print(f"   {length:3d} tokens/step {histogram[length]:6d} {bar}")
+        print_acceptance(outputs)
     return outputs, tokens / elapsed
+
+
+def print_acceptance(outputs) -> None:
+    """Mean tokens committed per verify step, and the histogram of steps by that number."""
+    histogram = Counter()
+    for o in outputs:
+        for accepted, count in enumerate(o["meta_info"].get("spec_correct_drafts_histogram") or []):
+            histogram[accepted + 1] += count
+    steps = sum(histogram.values())
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    print(
+        f"   mean acceptance length: {sum(k * n for k, n in histogram.items()) / steps:.2f} tokens "
+        f"per verify step ({steps} steps, {tokens} tokens)"
+    )
+    width = max(histogram.values())
+    for length in range(1, max(histogram) + 1):
+        bar = "#" * round(40 * histogram[length] / width)
+        print(f"   {length:3d} tokens/step {histogram[length]:5d} {bar}")
 
 
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target")
-    parser.add_argument("--draft")
-    parser.add_argument("--num-draft-tokens", type=int, default=8)
+    parser.add_argument("--target", help="target model directory (default: the shipped tiny pair)")
+    parser.add_argument("--draft", help="DFlash draft directory (with --target)")
+    parser.add_argument("--num-draft-tokens", type=int, default=8, help="verify width B")
     parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
+    if bool(args.target) != bool(args.draft):
+        parser.error("give both --target and --draft, or neither")
+    # SGLang's import-time warnings about GPU-only features, in every process it starts.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
-    import torch
+    device = choose_device()
+    from sglang_dflash.assets import tiny_pair, tiny_pair_prompts
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    target, draft = args.target, args.draft
-    if not target:
-        from tests.tiny_models import make_draft, make_target
-
-        root = tempfile.mkdtemp(prefix="dflash-demo-")
-        print(f"building a tiny random target and draft in {root}")
-        target = make_target(os.path.join(root, "target"))
-        draft = make_draft(os.path.join(root, "draft"))
-    prompts = ["def parse(", "import json\n", "class Encoder(", "    return "][: args.prompts]
+    if args.target:
+        target, draft = args.target, args.draft
+        print(f"target: {target}\ndraft:  {draft}")
+    else:
+        target, draft = tiny_pair()
+        print("models: the tiny pair shipped in sglang_dflash/assets/tiny_pair")
+    prompts = tiny_pair_prompts()[: args.prompts]
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0}
 
     spec_out, spec_tps = run("DFLASH", target, draft, args.num_draft_tokens, prompts, sampling, device)
     base_out, base_tps = run("no speculation", target, None, None, prompts, sampling, device)
     print()
     for prompt, o in zip(prompts, spec_out):
-        print(f"--- {prompt!r}\n{o['text']}")
+        print(f"--- prompt:\n{prompt}\n--- DFLASH continuation:{o['text']}\n")
     same = all(a["output_ids"] == b["output_ids"] for a, b in zip(spec_out, base_out))
-    print(f"\noutputs identical to no speculation: {same}; speedup {spec_tps / base_tps:.2f}x")
+    print(f"outputs identical to no speculation: {same}")
+    print(f"DFLASH {spec_tps:.1f} tokens/s vs {base_tps:.1f} without speculation: {spec_tps / base_tps:.2f}x")
     if not same:
         sys.exit(1)
 
