@@ -19,7 +19,7 @@ EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "sglang==0.5.23" "setuptools>=69" wheel pytest pytest-timeout ruff matplotlib
+	$(PIP) install -q "sglang==0.5.23" "setuptools>=77" wheel pytest pytest-timeout ruff matplotlib
 	$(PIP) install -q --no-deps "dflash==0.1.0"  # test-only oracle: z-lab's reference
 	touch $@
 
