@@ -37,7 +37,7 @@ lint: $(VENV)/.deps
 
 test: BUILD_CUDA = 1
 test: install lint
-	$(CPU_ENV) $(PY) -m pytest
+	$(CPU_ENV) $(EXT_ENV) $(PY) -m pytest  # EXT_ENV: the tests check the extension was built
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so
