@@ -179,15 +179,7 @@ def target_vocab(target: str) -> Optional[int]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--records", help="report this step-record file instead of starting a server")
-    p.add_argument("--target", help="target model (default: the shipped tiny pair)")
-    p.add_argument("--draft", help="DFlash draft")
-    p.add_argument("--num-draft-tokens", type=int, help="--speculative-num-draft-tokens B")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--server-args",
-        default="",
-        help='extra launch_server arguments as one string; write --server-args="--flag value"',
-    )
+    server.add_launch_args(p)
     p.add_argument(
         "--batch-sizes",
         type=lambda s: [int(x) for x in s.split(",")],

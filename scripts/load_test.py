@@ -45,15 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--configs", help=f"start these servers in turn, comma-separated from {','.join(server.CONFIGS)}"
     )
     where.add_argument("--compare", action="store_true", help="= --configs " + ",".join(server.CONFIGS))
-    where.add_argument("--target", help="target model path (launch modes; default: the shipped tiny pair)")
-    where.add_argument("--draft", help="DFlash draft path (launch modes)")
-    where.add_argument("--num-draft-tokens", type=int, help="--speculative-num-draft-tokens B")
-    where.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    where.add_argument(
-        "--server-args",
-        default="",
-        help='extra launch_server arguments as one string; write --server-args="--flag value"',
-    )
+    server.add_launch_args(where)
 
     load = p.add_argument_group("load")
     load.add_argument("--endpoint", choices=["generate", "chat"], default="generate")

@@ -260,14 +260,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--request-timeout", type=float, default=300.0, help="seconds before a request counts as hung"
     )
-    p.add_argument("--target", help="target model (default: the shipped tiny pair)")
-    p.add_argument("--draft", help="DFlash draft")
-    p.add_argument("--num-draft-tokens", type=int)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument(
-        "--server-args",
-        default="--max-total-tokens 16384 --chunked-prefill-size 1024",
-        help='extra launch_server arguments as one string; write --server-args="--flag value"',
+    server.add_launch_args(
+        p, devices=("cpu", "cuda"), server_args="--max-total-tokens 16384 --chunked-prefill-size 1024"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report-every", type=float, default=15.0, help="seconds between status lines")

@@ -245,21 +245,21 @@ def dflash_window(before: Optional[dict], after: Optional[dict]) -> dict:
 
 
 def default_models() -> tuple:
-    """The tiny trained pair shipped in the package if it is there (`sglang_dflash.assets`),
-    else a tiny random-weight pair built in a temp dir (acceptance near 1: smoke runs only)."""
-    try:
-        from sglang_dflash.assets import tiny_pair
+    """(target, draft) when no --target is given: the tiny trained pair shipped in the package."""
+    from sglang_dflash.assets import TINY_PAIR, tiny_pair
 
-        target, draft = tiny_pair()
-        if os.path.isdir(target) and os.path.isdir(draft):
-            print(f"no --target: using the shipped tiny pair {os.path.dirname(target)}", flush=True)
-            return target, draft
-    except ImportError:
-        pass
-    import tempfile
+    print(f"no --target: using the shipped tiny pair {TINY_PAIR}", flush=True)
+    return tiny_pair()
 
-    from tests.tiny_models import make_draft, make_target
 
-    root = tempfile.mkdtemp(prefix="dflash-bench-")
-    print(f"no --target: building a tiny random-weight target and draft in {root}", flush=True)
-    return make_target(os.path.join(root, "target")), make_draft(os.path.join(root, "draft"))
+def add_launch_args(group, devices=("auto", "cpu", "cuda"), server_args: str = "") -> None:
+    """The arguments of the scripts that start a server: models, verify width, device, extras."""
+    group.add_argument("--target", help="target model path (default: the shipped tiny pair)")
+    group.add_argument("--draft", help="DFlash draft path")
+    group.add_argument("--num-draft-tokens", type=int, help="--speculative-num-draft-tokens B")
+    group.add_argument("--device", choices=list(devices), default=devices[0])
+    group.add_argument(
+        "--server-args",
+        default=server_args,
+        help='extra launch_server arguments as one string; write --server-args="--flag value"',
+    )
