@@ -128,6 +128,11 @@ def install_scheduler_hooks() -> None:
     HookRegistry.register(
         "sglang.srt.speculative.dflash_utils.validate_dflash_request", _validate_request, HookType.AROUND
     )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+        _keep_stateful_requests_unmixed,
+        HookType.AROUND,
+    )
     # Acceptance metrics, counted where SGLang settles each step (see metrics.py).
     HookRegistry.register(
         "sglang.srt.managers.scheduler_components.batch_result_processor."
@@ -139,15 +144,39 @@ def install_scheduler_hooks() -> None:
 
 
 def _validate_request(original, req, *args, **kwargs):
-    if not use_builtin():
-        from sglang.srt.runtime_context import get_schedule
+    if use_builtin():
+        return original(req, *args, **kwargs)
+    # Ours replaces the built-in's check, which refuses what this worker serves (hidden states
+    # under overlap scheduling).
+    from sglang_dflash.admission import disarm, unsupported_feature
 
-        from sglang_dflash.admission import unsupported_feature
+    reason = unsupported_feature(req)
+    if reason is not None:
+        disarm(req)
+    return reason
 
-        reason = unsupported_feature(req, mixed_chunk=bool(get_schedule().enable_mixed_chunk))
-        if reason is not None:
-            return reason
-    return original(req, *args, **kwargs)
+
+def _keep_stateful_requests_unmixed(original, self, *args, **kwargs):
+    """With --enable-mixed-chunk, SGLang mixes running decode requests into a prefill batch,
+    where its own sampler draws their next token. For requests whose sampling depends on state
+    only our worker keeps (penalties, custom logit processors: `admission.needs_own_sampling`)
+    that token would be wrong, so while such a request runs, prefill batches are not mixed, the
+    way SGLang itself never mixes requests that return logprobs."""
+    from sglang_dflash.admission import needs_own_sampling
+
+    running = kwargs.get("running_batch", args[-1] if args else None)
+    if (
+        not self.is_mixed_chunk
+        or not self.spec_algorithm.is_dflash()
+        or use_builtin()
+        or not any(needs_own_sampling(req) for req in running.reqs)
+    ):
+        return original(self, *args, **kwargs)
+    self.is_mixed_chunk = False
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        self.is_mixed_chunk = True
 
 
 def _add_speculative_state(original, self, state):

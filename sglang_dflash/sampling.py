@@ -11,7 +11,7 @@ draws from. Paths below are relative to the installed `sglang` package.
      forward-copy path `copy_for_forward` -> `update_penalties`, `:409-424, 679-682`), then the
      grammar mask, then `logit_bias` (`:439-449`), then custom logit processors
      (`layers/sampler.py:139-146`). `penalties.penalize_block_logits` does the penalties and `logit_bias`
-     per block position; the rest is refused by `unsupported_reason`.
+     per block position; the grammar mask and custom processors are `verifier.py`'s.
   2. `probs = softmax(logits / temperature)` (`layers/sampler.py:275-298`).
   3. The pytorch backend's joint filter (`top_k_top_p_min_p_sampling_from_probs_torch`,
      `layers/sampler.py:785-858`): sort descending; keep rank < top_k; keep a token when the mass
@@ -315,40 +315,3 @@ def sampled_verify(
         logits.reshape(bs * width, -1), rows.repeat_rows(width), flat_positions, generator
     )
     return greedy_verify(candidates, draws.view(bs, width).to(candidates.dtype))
-
-
-_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
-
-
-def unsupported_reason(sampling_params: Any, custom_logit_processor: Optional[str] = None) -> Optional[str]:
-    """Why sampled DFLASH verification cannot reproduce this request exactly, or None.
-
-    Supported exactly: temperature, top_k, top_p, min_p, sampling_seed, frequency / presence /
-    repetition penalties, min_new_tokens, logit_bias. Refused: the adjustments below, whose state
-    would have to advance through every proposal of a block.
-    """
-    for name in _GRAMMAR_FIELDS:
-        value = getattr(sampling_params, name, None)
-        if value:
-            return (
-                f"sampling_params.{name}={str(value)[:60]!r}: grammar-constrained decoding is not "
-                "supported with --speculative-algorithm DFLASH in sglang-dflash"
-            )
-    if custom_logit_processor:
-        return (
-            "custom_logit_processor is set: custom logit processors are not supported with "
-            "--speculative-algorithm DFLASH in sglang-dflash (they keep per-step state)"
-        )
-    watermark = getattr(sampling_params, "watermark", None)
-    if watermark is not None and getattr(watermark, "enabled", True) is not False:
-        return (
-            f"sampling_params.watermark={watermark!r}: watermarking is not supported with "
-            "--speculative-algorithm DFLASH in sglang-dflash"
-        )
-    beam_width = getattr(sampling_params, "beam_width", None)
-    if beam_width is not None and beam_width > 1:
-        return (
-            f"sampling_params.beam_width={beam_width}: beam search is not supported with "
-            "--speculative-algorithm DFLASH in sglang-dflash"
-        )
-    return None

@@ -66,6 +66,7 @@ def handle_dflash_server_args(server_args) -> None:
     declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(num_draft_tokens))
 
     _check_target(cfg, draft)
+    _check_grammar_backend(cfg.grammar_backend, cfg.reasoning_parser)
 
     if cfg.max_running_requests is None:
         declare_resolution(server_args, SOURCE, max_running_requests=48)
@@ -99,6 +100,32 @@ def _check_target(cfg, draft: DFlashDraftConfig) -> None:
         raise CheckpointError(
             f"target architecture {arch!r} cannot capture the hidden states DFLASH needs "
             f"({model_cls.__name__} has no set_dflash_layers_to_capture)"
+        )
+
+
+# SGLang's grammar backends and the package each imports (constrained/base_grammar_backend.py).
+GRAMMAR_BACKEND_PACKAGES = {"xgrammar": "xgrammar", "llguidance": "llguidance", "outlines": "outlines"}
+
+
+def _check_grammar_backend(name, reasoning_parser) -> None:
+    """A backend whose package is missing fails here, in one line, instead of as an import error
+    in the scheduler process after the model has loaded. So does outlines under a reasoning
+    parser: DFLASH walks each verify window through the matcher and undoes the walk, and
+    SGLang's reasoning wrapper undoes it with the inner grammar's rollback, which outlines lacks
+    (`grammar.py` restores a bare outlines matcher by saving its state instead)."""
+    import importlib.util
+
+    package = GRAMMAR_BACKEND_PACKAGES.get(name)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ValueError(
+            f"--grammar-backend {name}: the {package!r} package is not installed "
+            f"(pip install {package}, or choose another backend; SGLang's default is xgrammar)"
+        )
+    if name == "outlines" and reasoning_parser:
+        raise ValueError(
+            f"--grammar-backend outlines with --reasoning-parser {reasoning_parser} is not supported "
+            "with DFLASH (its grammars cannot be rolled back inside the reasoning wrapper); "
+            "use --grammar-backend xgrammar or llguidance"
         )
 
 

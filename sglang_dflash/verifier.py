@@ -1,12 +1,19 @@
 """`Verifier`: turns one step's target verify logits into accepted tokens, per batch.
 
-* All greedy, no penalties, no logit_bias: `greedy_verify` on the raw argmax.
-* Otherwise: penalties and logit_bias applied per window position as successive decode steps
-  would (`penalties.py`), then `sampled_verify`, which is exactly lossless for sampled rows and
-  is argmax of the adjusted logits for greedy rows (`sampling.py`).
+* Nothing to adjust (all greedy; no penalties, logit_bias, grammar or custom logit processor):
+  `greedy_verify` on the raw argmax; sampled rows and no adjustment: `sampled_verify` on the raw
+  logits. No grammar or processor work, and no host sync beyond today's.
+* Otherwise the logits of every window position are adjusted as the successive decode steps of
+  a non-speculative engine would adjust them, in SGLang's order (`sampling_batch_info.py`,
+  `apply_logits_bias`, then `layers/sampler.py`): penalties, the grammar mask, `logit_bias`
+  (`penalties.py`; the mask and the bias commute, both being additive with -inf), then custom
+  logit processors (`logit_processors.py`). Then `greedy_verify` on their argmax, or
+  `sampled_verify`, which is exactly lossless for sampled rows and argmax for greedy ones.
+  The adjusted logits are what logprobs are computed from, as in SGLang's sampler.
 
-It owns the only cross-step state verification needs: the committed output-token counts of
-requests that use penalties (`PenaltyState`), created on first need.
+It owns the only cross-step state verification needs, each created on first need: the committed
+output-token counts of requests that use penalties (`PenaltyState`), and the committed output
+tokens of requests that use a custom logit processor (`ProcessorHistory`).
 
 Seeds. SGLang's sampler honours `sampling_seed` only when `SamplingBatchInfo.sampling_seed` is
 set, which it does only under `--enable-deterministic-inference` (not available with the CPU
@@ -25,6 +32,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from sglang_dflash import logit_processors
+from sglang_dflash.logit_processors import ProcessorHistory
 from sglang_dflash.penalties import PenaltyParams, PenaltyState, needs_penalties
 from sglang_dflash.sampling import SamplingRows, sampled_verify
 from sglang_dflash.verify import greedy_verify
@@ -39,6 +48,8 @@ class Verifier:
         self.vocab_size = vocab_size
         self.device = device
         self.penalties: Optional[PenaltyState] = None
+        self.processor_history: Optional[ProcessorHistory] = None
+        self._windows: list[list[int]] = []  # this step's verify windows on the host (processors only)
 
     @contextlib.contextmanager
     def seeded(self, batch) -> Iterator[None]:
@@ -56,39 +67,92 @@ class Verifier:
             info.sampling_seed = None
 
     def start_requests(self, batch) -> None:
-        """Prefill / extend: reset the penalty state of the batch's requests to their outputs so
-        far (none for a new request; all of them for a retracted one being prefilled again)."""
+        """Prefill / extend: reset the cross-step state of the batch's requests to their outputs
+        so far (none for a new request; all of them for a retracted one being prefilled again)."""
+        self._settle()
         penalized = [i for i, req in enumerate(batch.reqs) if needs_penalties(req.sampling_params)]
-        if not penalized:
-            return
-        if self.penalties is None:
-            logger.info("DFLASH: tracking output-token counts for penalties (first penalized request)")
-            self.penalties = PenaltyState(self.num_req_slots, self.vocab_size, self.device)
-        slots = batch.req_pool_indices[penalized]
-        outputs = [batch.reqs[i].output_ids for i in penalized]
-        self.penalties.reset(slots, outputs)
+        if penalized:
+            if self.penalties is None:
+                logger.info("DFLASH: tracking output-token counts for penalties (first penalized request)")
+                self.penalties = PenaltyState(self.num_req_slots, self.vocab_size, self.device)
+            slots = batch.req_pool_indices[penalized]
+            outputs = [batch.reqs[i].output_ids for i in penalized]
+            self.penalties.reset(slots, outputs)
+        processed = [req for req in batch.reqs if req.custom_logit_processor]
+        if processed:
+            if self.processor_history is None:
+                logger.info("DFLASH: tracking output tokens for custom logit processors (first request)")
+                self.processor_history = ProcessorHistory(self.num_req_slots)
+            for req in processed:
+                self.processor_history.reset(req.kv.req_pool_idx, req.output_ids)
 
     def verify(
-        self, batch, candidates: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self,
+        batch,
+        candidates: torch.Tensor,
+        logits: torch.Tensor,
+        positions: torch.Tensor,
+        grammar_mask=None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """candidates [bs, B]; logits [bs*B, V] target verify logits; positions [bs, B] absolute
-        positions of the candidates -> accept_len [bs], out_tokens [bs, B], new bonus [bs]."""
+        positions of the candidates; grammar_mask: SGLang `GrammarMask` over the [bs*B] rows, or
+        None -> accept_len [bs], out_tokens [bs, B], new bonus [bs], and the logits the tokens were
+        chosen from ([bs*B, V]: `logits` itself, adjusted in place when float32)."""
+        self._settle()
         bs, width = candidates.shape
         info = batch.sampling_info
         penalized = self.penalties is not None and any(needs_penalties(r.sampling_params) for r in batch.reqs)
-        if info.is_all_greedy and not penalized and info.logit_bias is None:
-            return greedy_verify(candidates, torch.argmax(logits, dim=-1).view(bs, width))
+        adjusted = (
+            penalized
+            or info.logit_bias is not None
+            or grammar_mask is not None
+            or info.has_custom_logit_processor
+        )
+        if adjusted:
+            logits = self._adjust(batch, candidates, logits, grammar_mask, penalized)
+        if info.is_all_greedy:
+            predict = torch.argmax(logits, dim=-1).view(bs, width)
+            return (*greedy_verify(candidates, predict), logits)
+        rows = SamplingRows.from_sampling_info(info)
+        seeded_positions = positions if rows.seeds is not None else None
+        return (*sampled_verify(candidates, logits.view(bs, width, -1), rows, seeded_positions), logits)
 
-        logits = logits.view(bs, width, -1)
+    def _adjust(self, batch, candidates, logits, grammar_mask, penalized) -> torch.Tensor:
+        """[bs*B, V] -> [bs*B, V] float32, adjusted as successive decode steps (see above)."""
+        bs, width = candidates.shape
+        info = batch.sampling_info
         if penalized:
             params = PenaltyParams.from_reqs(batch.reqs, self.device, logit_bias=info.logit_bias)
-            logits = self.penalties.adjust(logits, candidates, batch.req_pool_indices, params)
-        elif info.logit_bias is not None:
-            logits = logits.float() + info.logit_bias[:, None, :].float()
-        rows = SamplingRows.from_sampling_info(info)
-        return sampled_verify(candidates, logits, rows, positions if rows.seeds is not None else None)
+            logits = self.penalties.adjust(
+                logits.view(bs, width, -1), candidates, batch.req_pool_indices, params
+            )
+            logits = logits.view(bs * width, -1)
+        else:
+            logits = logits.float()
+            if info.logit_bias is not None:
+                logits = (logits.view(bs, width, -1) + info.logit_bias[:, None, :].float()).view(
+                    bs * width, -1
+                )
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+        if info.has_custom_logit_processor:
+            # Processors are host code reading host token lists: the window goes to the host.
+            self._windows = candidates.tolist()  # [bs][B], kept for `commit`
+            slots = [req.kv.req_pool_idx for req in batch.reqs]
+            row_params = self.processor_history.row_params(info, slots, self._windows)
+            logit_processors.apply_over_window(logits, info, row_params)
+        return logits
 
     def commit(self, batch, candidates: torch.Tensor, commit_lens: torch.Tensor) -> None:
-        """Fold the committed tokens (`candidates[:, :commit_len]`) into the penalty state."""
+        """Fold the committed tokens (`candidates[:, :commit_len]`) into the cross-step state."""
         if self.penalties is not None:
             self.penalties.commit(batch.req_pool_indices, candidates, commit_lens)
+        if batch.sampling_info.has_custom_logit_processor:
+            rows = [i for i, req in enumerate(batch.reqs) if req.custom_logit_processor]
+            slots = [batch.reqs[i].kv.req_pool_idx for i in rows]
+            windows = [self._windows[i] for i in rows]
+            self.processor_history.commit(slots, windows, commit_lens[rows])
+
+    def _settle(self) -> None:
+        if self.processor_history is not None:
+            self.processor_history.settle()

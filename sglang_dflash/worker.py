@@ -5,9 +5,16 @@ One decode step, for a batch of bs requests with committed lengths `seq_lens`:
   1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store
               -> the target's lm_head argmax at block positions 1..B-1 = proposals.
   2. verify:  one target TARGET_VERIFY forward over `[bonus, d1 .. d_{B-1}]` as a causal chain.
-  3. accept:  longest run of proposals equal to the target's predictions, plus its next token.
+  3. accept:  longest run of proposals equal to the target's predictions, plus its next token;
+              the target's logits adjusted first as decode steps would (penalties, grammar
+              mask, logit_bias, custom logit processors: `verifier.py`), and logprobs taken from
+              them for requests that ask.
   4. commit:  `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler.
   5. inject:  the committed tokens' target features -> context K/V in the draft KV store.
+
+Grammar-constrained requests (`grammar.py`) get a mask for every verify row, and with
+grammar-aware proposals (on by default, `SGLANG_DFLASH_GRAMMAR_PROPOSALS=0` turns them off)
+the draft proposes only tokens their grammar allows.
 
 Prefill and extend chunks run the target forward and inject every new token (step 5).
 Bd is the checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the
@@ -22,7 +29,9 @@ import os
 from typing import Optional
 
 import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_parallel, get_spec
@@ -35,6 +44,7 @@ from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore
 from sglang_dflash.metrics import DFlashMetrics
 from sglang_dflash.step_timer import StepTimer
@@ -54,6 +64,24 @@ def _simulated_acceptance() -> Optional[tuple[float, str, str]]:
         return None
     check_simulate_acc_token_mode()
     return mean, envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
+
+
+def _keep_final_hidden_states(model) -> bool:
+    """With --enable-return-hidden-states (or --return-hidden-states-mode), make the target's
+    logits processor also keep its final hidden states (`last_hidden_states`): with DFLASH the
+    `hidden_states` it returns are the captured layers the draft is conditioned on."""
+    from sglang.srt.model_executor.forward_batch_info import get_server_return_hidden_states_mode
+
+    if not get_server_return_hidden_states_mode().need_capture():
+        return False
+    processor = getattr(model, "logits_processor", None)
+    if not hasattr(processor, "keep_last_hidden_states"):
+        raise RuntimeError(
+            f"the server returns hidden states, but {type(model).__name__} has no SGLang logits "
+            "processor to keep them with DFLASH; launch without --enable-return-hidden-states"
+        )
+    processor.keep_last_hidden_states = True
+    return True
 
 
 def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> DFlashDraftInputV2:
@@ -111,6 +139,11 @@ class DFlashWorker(BaseSpecWorker):
         self.store: Optional[DraftKVStore] = None
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
 
+        self.returns_hidden_states = _keep_final_hidden_states(target)
+        self.grammar_window = GrammarWindow(
+            propose=os.environ.get("SGLANG_DFLASH_GRAMMAR_PROPOSALS", "1") != "0",
+            vocab_size=self.vocab_size,
+        )
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         self.timer = StepTimer.from_env(self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
@@ -125,7 +158,7 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d device=%s dtype=%s%s%s",
+            "verify_width=%d device=%s dtype=%s grammar_aware_proposals=%s hidden_states=%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -135,6 +168,8 @@ class DFlashWorker(BaseSpecWorker):
             self.num_draft_tokens,
             self.device,
             runner.dtype,
+            self.grammar_window.propose,
+            self.returns_hidden_states,
             " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
             f" [tracing proposals to {trace_path}]" if trace_path else "",
         )
@@ -198,14 +233,18 @@ class DFlashWorker(BaseSpecWorker):
             return self._forward_idle(on_publish)
         with self.verifier.seeded(batch):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-                return self._forward_extend(batch, on_publish)
-            return self._forward_decode(batch, on_publish)
+                return self._forward_extend(batch, on_publish, grammar_barrier)
+            return self._forward_decode(batch, on_publish, grammar_barrier)
 
     # ------------------------------------------------------------------ steps
 
-    def _forward_extend(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+    def _forward_extend(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """Prefill / extend chunk / mixed batch: target forward, then inject every new token."""
         with self.timer.phase("extend"):
+            if grammar_barrier is not None and batch.has_grammar and batch.forward_mode.is_mixed():
+                # The decode requests mixed in sample their next token with SGLang's sampler,
+                # under their grammar's mask: it must have seen the previous step's tokens.
+                grammar_barrier()
             result = self.target_worker.forward_batch_generation(
                 batch, capture_hidden_mode=CaptureHiddenMode.FULL
             )
@@ -219,18 +258,27 @@ class DFlashWorker(BaseSpecWorker):
             ops.inject_context_kv(
                 self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
             )
-            logits_output.hidden_states = None  # not needed by the scheduler; skip the copy
+            self._hand_over_hidden_states(batch, logits_output, extend=True)
             self.verifier.start_requests(batch)
             result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
         self.timer.end_step(len(batch.reqs), kind="extend")
         return result
 
-    def _forward_decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+    def _forward_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs, width = seq_lens.shape[0], self.num_draft_tokens
 
         with self.timer.phase("draft"):
-            candidates, positions, proposals = self._draft(batch)  # [bs, B] each, [bs, B-1]
+            block_ids, positions, draft_logits = self._draft(batch)  # [bs, B], [bs, B], [bs, B-1, V]
+            proposals = torch.argmax(draft_logits, dim=-1)  # [bs, B-1]
+        grammar_mask = None
+        if batch.has_grammar:
+            with self.timer.phase("grammar"):
+                if grammar_barrier is not None:
+                    grammar_barrier()  # the matchers first take in the previous step's tokens
+                proposals, grammar_mask = self.grammar_window(batch.reqs, proposals, draft_logits)
+        del draft_logits  # [bs, B-1, V]: not kept alive through the verify forward
+        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, B] = [bonus, d1..]
 
         with self.timer.phase("verify"):
             # The verify window's KV slots, reserved by prepare_for_decode.
@@ -241,7 +289,9 @@ class DFlashWorker(BaseSpecWorker):
 
         with self.timer.phase("accept"):
             logits = logits_output.next_token_logits  # [bs*B, V]
-            accept_len, out_tokens, new_bonus = self.verifier.verify(batch, candidates, logits, positions)
+            accept_len, out_tokens, new_bonus, logits = self.verifier.verify(
+                batch, candidates, logits, positions, grammar_mask
+            )
             if self.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
@@ -249,6 +299,13 @@ class DFlashWorker(BaseSpecWorker):
             new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
+
+        if batch.return_logprob:
+            with self.timer.phase("logprobs"):
+                # SGLang's own: one entry per window row, from the adjusted logits; its result
+                # processor keeps the committed rows (accepted proposals and the bonus).
+                logits_output.next_token_logits = logits
+                compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
 
         with self.timer.phase("inject"):
             # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
@@ -258,7 +315,7 @@ class DFlashWorker(BaseSpecWorker):
                 ops.inject_context_kv(
                     self.draft_model, self.store, logits_output.hidden_states, positions.reshape(-1), slots
                 )
-            logits_output.hidden_states = None
+            self._hand_over_hidden_states(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, proposals)
         self.timer.end_step(bs)
@@ -274,8 +331,9 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     def _draft(self, batch: ScheduleBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One draft forward over the full trained block -> candidates [bs, B] =
-        [bonus, d1..d_{B-1}], their positions [bs, B], and the proposals [bs, B-1]."""
+        """One draft forward over the full trained block -> the block's first B ids [bs, B]
+        (`[bonus, MASK ...]`), their positions [bs, B], and the draft's logits for window
+        positions 1..B-1 [bs, B-1, V] (their argmax are the proposals)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         seq_lens = batch.seq_lens
         bs, width = seq_lens.shape[0], self.num_draft_tokens
@@ -296,9 +354,8 @@ class DFlashWorker(BaseSpecWorker):
         )
         embeds = self.embed_tokens(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
-        proposals = torch.argmax(hidden[:, 1:width] @ self.lm_head_weight.T, dim=-1)  # [bs, B-1]
-        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)
-        return candidates, block_positions[:, :width], proposals
+        draft_logits = hidden[:, 1:width] @ self.lm_head_weight.T  # [bs, B-1, V]
+        return block_ids[:, :width], block_positions[:, :width], draft_logits
 
     def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots):
         """One TARGET_VERIFY forward of the target over the window, a plain causal chain."""
@@ -336,6 +393,23 @@ class DFlashWorker(BaseSpecWorker):
 
     # ------------------------------------------------------------------ helpers
 
+    def _hand_over_hidden_states(self, batch: ScheduleBatch, logits_output, extend: bool = False) -> None:
+        """After injection: `hidden_states` held the draft's captured target layers, which the
+        scheduler must not copy out. For requests that asked for hidden states it gets the
+        target's final hidden states instead, laid out as without speculation: one row per
+        forward token, or after a prefill in LAST mode (--return-hidden-states-mode last) one
+        row per request, its last token's (the scheduler decides which, with the rule below)."""
+        final = logits_output.last_hidden_states
+        logits_output.last_hidden_states = None
+        if final is not None and batch.return_hidden_states:
+            if extend and SchedulerBatchResultProcessor._get_prefill_hidden_capture_mode(batch).is_last():
+                # E.g., extend_lens [3, 2] -> rows [2, 4].
+                last = torch.tensor(batch.extend_lens, dtype=torch.int64).cumsum(0) - 1
+                final = final[last.to(final.device, non_blocking=True)]
+        else:
+            final = None
+        logits_output.hidden_states = final
+
     def _simulate(self, candidates: torch.Tensor, logits: torch.Tensor):
         from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
 
@@ -347,7 +421,7 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     def _trace(self, batch: ScheduleBatch, seq_lens: torch.Tensor, proposals: torch.Tensor) -> None:
-        """Test aid: record each request's raw draft proposals per step (host sync; off by default)."""
+        """Test aid: record each request's verified proposals per step (host sync; off by default)."""
         for req, prefix, row in zip(batch.reqs, seq_lens.tolist(), proposals.tolist()):
             self.trace_file.write(json.dumps({"rid": req.rid, "prefix_len": prefix, "proposals": row}) + "\n")
         self.trace_file.flush()
