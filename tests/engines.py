@@ -55,6 +55,20 @@ def generate_concurrently(engine, requests: list[tuple[list[int], dict]], stagge
     return engine.loop.run_until_complete(run())
 
 
+def submit(engine, requests: list[dict], stagger: float = 0.0) -> list:
+    """Submit requests concurrently, each given as `async_generate` keyword arguments (request i
+    after i * stagger seconds); a request that fails yields its exception instead of an output."""
+
+    async def one(i, kwargs):
+        await asyncio.sleep(i * stagger)
+        return await engine.async_generate(**kwargs)
+
+    async def run():
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)), return_exceptions=True)
+
+    return engine.loop.run_until_complete(run())
+
+
 def generate_and_abort(engine, input_ids: list[int], sampling: dict, rid: str, after_chunks: int) -> dict:
     """Stream one request and abort it once `after_chunks` chunks have arrived."""
 

@@ -1,4 +1,5 @@
-"""Bad checkpoints and bad pairings fail at start-up with an error naming the field and value.
+"""Bad checkpoints, bad pairings and unusable grammar-backend settings fail at start-up with an
+error naming the field and value.
 
 The engine-level cases go through `sglang.Engine(...)`: our argument resolution runs in the
 launching process, so they raise before any subprocess starts (no engine is left running).
@@ -59,9 +60,11 @@ def test_pairing_checks():
 # ---------------------------------------------------------------- through sglang.Engine
 
 
-def _expect_startup_error(target, draft, message, num_draft_tokens=None):
-    with pytest.raises(CheckpointError) as error:
-        engine = engines.start(target, draft, num_draft_tokens)
+def _expect_startup_error(
+    target, draft, message, num_draft_tokens=None, error_type=CheckpointError, **kwargs
+):
+    with pytest.raises(error_type) as error:
+        engine = engines.start(target, draft, num_draft_tokens, **kwargs)
         engines.shutdown(engine)  # only reached if the bad input was accepted
     assert message in str(error.value), str(error.value)
 
@@ -122,3 +125,32 @@ def test_target_without_hidden_state_capture(tiny, tmp_path):
     with open(os.path.join(target, "config.json"), "w") as f:
         json.dump(config, f)
     _expect_startup_error(target, tiny.draft("a"), "target architecture 'Qwen2ForCausalLM' cannot capture")
+
+
+@pytest.mark.sglang
+def test_grammar_backend_not_installed(tiny, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llguidance" else find_spec(name, *a)
+    )
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--grammar-backend llguidance: the 'llguidance' package is not installed",
+        error_type=ValueError,
+        grammar_backend="llguidance",
+    )
+
+
+@pytest.mark.sglang
+def test_outlines_under_a_reasoning_parser(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--grammar-backend outlines with --reasoning-parser qwen3 is not supported with DFLASH",
+        error_type=ValueError,
+        grammar_backend="outlines",
+        reasoning_parser="qwen3",
+    )

@@ -33,7 +33,6 @@ from sglang_dflash.sampling import (
     murmur_hash32,
     sample_target_tokens,
     sampled_verify,
-    unsupported_reason,
 )
 from sglang_dflash.verify import greedy_verify
 
@@ -779,30 +778,6 @@ def test_commit_output_counts_folds_the_committed_tokens():
     assert new_counts[0].tolist() == [0, 0, 0, 0, 0, 2, 0, 0, 1, 0]
     assert new_counts[1].tolist() == [0, 0, 0, 3, 0, 0, 0, 0, 0, 0]
     assert num.tolist() == [7, 8]
-
-
-def test_unsupported_reason_names_the_field(sglang_sampler):
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    supported = SamplingParams(
-        temperature=0.7,
-        top_k=20,
-        top_p=0.9,
-        min_p=0.05,
-        frequency_penalty=0.5,
-        presence_penalty=0.1,
-        repetition_penalty=1.1,
-        min_new_tokens=3,
-        logit_bias={"5": 1.0},
-        sampling_seed=7,
-    )
-    assert unsupported_reason(supported) is None
-    assert "json_schema" in unsupported_reason(SamplingParams(json_schema='{"type": "object"}'))
-    assert "regex" in unsupported_reason(SamplingParams(regex="a+"))
-    assert "custom_logit_processor" in unsupported_reason(supported, custom_logit_processor="{}")
-    assert "watermark" in unsupported_reason(SamplingParams(watermark={"enabled": True}))
-    assert unsupported_reason(SamplingParams(watermark={"enabled": False})) is None
-    assert "beam_width=2" in unsupported_reason(SamplingParams(beam_width=2))
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Sampled requests through SGLang with DFLASH, against the non-speculative engine.
 
 * The sampling distribution over the first generated positions equals the target's (a
-  two-sample chi-square test on a flat, high-entropy tiny target).
+  two-sample chi-square test on a flat, high-entropy tiny target), also under a grammar, where
+  every sample must match it.
 * Greedy requests with penalties, min_new_tokens and logit_bias stay token-identical.
 * Greedy requests stay token-identical when they share batches with sampled ones.
 * A request's `sampling_seed` gives the same tokens run after run.
@@ -48,8 +49,21 @@ MIXED = [(p, GREEDY) for p in engines.prompts(6, seed=13)] + [
 SEEDED = [dict(FILTERED, min_p=0.0, max_new_tokens=16, sampling_seed=s) for s in range(6)]
 
 
+# Two or three letters from a-h: tokens of one and two letters compete at every position.
+GRAMMAR_REGEX = "[a-h]{2,3}"
+CONSTRAINED = {"temperature": 1.0, "max_new_tokens": 4, "regex": GRAMMAR_REGEX}
+
+
 def _sample(engine):
-    return [tuple(o["output_ids"]) for o in engines.generate(engine, [PROMPT] * N_SAMPLES, FILTERED, 64)]
+    def run(sampling):
+        return engines.generate(engine, [PROMPT] * N_SAMPLES, sampling, 64)
+
+    constrained = run(CONSTRAINED)
+    return {
+        "samples": [tuple(o["output_ids"]) for o in run(FILTERED)],
+        "constrained": [tuple(o["output_ids"]) for o in constrained],
+        "constrained_texts": [o["text"] for o in constrained],
+    }
 
 
 def _greedy(engine):
@@ -74,14 +88,14 @@ def _with_engine(run, *args, **kwargs):
 def reference(tiny):
     samples = _with_engine(_sample, tiny.target("flat"), disable_overlap_schedule=True)
     greedy = _with_engine(_greedy, tiny.target("a"), disable_overlap_schedule=True)
-    return dict(greedy, samples=samples)
+    return dict(greedy, **samples)
 
 
 @pytest.fixture(scope="module")
 def dflash(tiny, reference):
     samples = _with_engine(_sample, tiny.target("flat"), tiny.draft("a"), 4)
     greedy = _with_engine(_greedy, *tiny.pair("a"), 4)
-    return dict(greedy, samples=samples)
+    return dict(greedy, **samples)
 
 
 def _homogeneity_pvalue(a: list, b: list) -> float:
@@ -106,6 +120,19 @@ def _homogeneity_pvalue(a: list, b: list) -> float:
 def test_sampled_distribution_matches_the_target(reference, dflash, positions):
     pick = lambda seqs: [tuple(s[i] for i in positions) for s in seqs]  # noqa: E731
     assert _homogeneity_pvalue(pick(reference["samples"]), pick(dflash["samples"])) > ALPHA
+
+
+@pytest.mark.parametrize("positions", [(0,), (0, 1)], ids=["token-1", "tokens-1-2"])
+def test_sampled_distribution_under_a_grammar_matches_the_target(reference, dflash, positions):
+    pick = lambda seqs: [tuple(s[i] if i < len(s) else -1 for i in positions) for s in seqs]  # noqa: E731
+    assert _homogeneity_pvalue(pick(reference["constrained"]), pick(dflash["constrained"])) > ALPHA
+
+
+def test_sampled_outputs_under_a_grammar_match_it(reference, dflash):
+    import re
+
+    assert all(re.fullmatch(GRAMMAR_REGEX, text) for text in dflash["constrained_texts"])
+    assert len({s[0] for s in dflash["constrained"]}) >= 8  # the test above has power
 
 
 def test_samples_are_not_degenerate(reference, dflash):

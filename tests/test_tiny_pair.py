@@ -49,22 +49,48 @@ def prompt_ids() -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
+def _processor_requests(prompt_ids):
+    """A history-dependent processor (no token may repeat the one before it, from the third
+    output on), on a pair whose drafts are often accepted: every verify row's history counts."""
+    from tests.processors import BanAfterK
+
+    sampling = dict(GREEDY, max_new_tokens=64, custom_params={"k": 2, "ban": []})
+    return [
+        dict(input_ids=p, sampling_params=sampling, custom_logit_processor=BanAfterK.to_str())
+        for p in prompt_ids[:8]
+    ]
+
+
 @pytest.fixture(scope="module")
 def served(prompt_ids):
-    """Outputs without speculation, then with DFLASH (one engine alive at a time)."""
+    """Outputs without speculation (overlap scheduling off, which shows a processor the exact
+    history), then with DFLASH; one engine alive at a time."""
     target, draft = tiny_pair()
-    engine = engines.start(target)
+    flags = dict(enable_custom_logit_processor=True)
+    engine = engines.start(target, disable_overlap_schedule=True, **flags)
     try:
         base = engines.generate(engine, prompt_ids, GREEDY, len(prompt_ids))
+        base_processed = engines.submit(engine, _processor_requests(prompt_ids))
     finally:
         engines.shutdown(engine)
-    engine = engines.start(target, draft, B)
+    engine = engines.start(target, draft, B, **flags)
     try:
         spec = engines.generate(engine, prompt_ids, GREEDY, len(prompt_ids))
         implementation = engines.server_state(engine)["dflash_implementation"]
+        spec_processed = engines.submit(engine, _processor_requests(prompt_ids))
     finally:
         engines.shutdown(engine)
-    return base, spec, implementation
+    return base, spec, implementation, (base_processed, spec_processed)
+
+
+def test_custom_logit_processor_sees_each_rows_history(served):
+    base, spec = served[3]
+    for b, s in zip(base, spec):
+        assert s["output_ids"] == b["output_ids"]
+        ids = s["output_ids"]
+        assert all(ids[i] != ids[i - 1] for i in range(2, len(ids)))
+    steps = sum(s["meta_info"]["spec_verify_ct"] for s in spec)
+    assert sum(len(s["output_ids"]) for s in spec) / steps > 1.5  # rows past the first mattered
 
 
 def accepted_counts(histogram: list[int]) -> collections.Counter:
@@ -91,7 +117,7 @@ def test_pair_files_and_held_out_prompts():
 
 
 def test_acceptance_and_lossless(served):
-    base, spec, implementation = served
+    base, spec, implementation, _ = served
     assert implementation.startswith("sglang-dflash")
     mismatches = [i for i, (s, b) in enumerate(zip(spec, base)) if s["output_ids"] != b["output_ids"]]
     assert not mismatches, f"prompts {mismatches}: DFLASH output differs from no speculation"
@@ -141,7 +167,7 @@ def reference_runs(prompt_ids: list[list[int]], monkeypatch) -> list[tuple[list[
 
 
 def test_matches_reference(served, prompt_ids, monkeypatch):
-    _, spec, _ = served
+    _, spec, _, _ = served
     runs = reference_runs(prompt_ids, monkeypatch)
     ours = [accepted_counts(s["meta_info"]["spec_correct_drafts_histogram"]) for s in spec]
     theirs = [collections.Counter(accepted) for _, accepted in runs]
@@ -154,3 +180,18 @@ def test_matches_reference(served, prompt_ids, monkeypatch):
         f"identical per-step counts for {same}/{len(ours)} requests"
     )
     assert abs(tau_ours - tau_ref) <= REFERENCE_TOLERANCE * tau_ref, (tau_ours, tau_ref)
+
+
+def test_grammar_aware_proposals_do_not_lower_acceptance():
+    """On a JSON-schema workload (`scripts/grammar_acceptance.py`, the shipped pair's held-out
+    prompts), proposals the grammar allows are accepted at least as often as the draft's own,
+    and the outputs are the same: both are lossless."""
+    from scripts.grammar_acceptance import measure
+
+    target, draft = tiny_pair()
+    args = dict(engines.CPU_ENGINE, max_running_requests=4)
+    result = measure(target, draft, tiny_pair_prompts()[:6], 64, args, unconstrained=False)
+    aware = result["acceptance"]["json, grammar-aware proposals"]
+    plain = result["acceptance"]["json, plain proposals"]
+    assert result["identical"]
+    assert aware >= plain, (aware, plain)
