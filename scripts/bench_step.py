@@ -1,5 +1,6 @@
 """Step-time breakdown of DFLASH decode steps at fixed batch sizes: draft, verify, accept,
-injection, and the scheduler overhead between steps.
+injection, and the scheduler overhead between steps; with `--features`, what structured
+outputs, logprobs and custom logit processors add to a step.
 
 Starts a DFLASH server (this package's worker) with `SGLANG_DFLASH_STEP_TIMING` set, so the
 worker appends one record per step (see `sglang_dflash/step_timer.py`), then for each batch
@@ -8,6 +9,12 @@ exactly that batch size:
 
     python scripts/bench_step.py --target T --draft D --batch-sizes 1,4,16 \\
         [--simulate-acc-len 4] [--input-len 256 --output-len 128] [--server-args="..."]
+
+`--features plain,json,logprobs,processor` repeats every batch size with each kind of request
+(a JSON schema; `return_logprob` with 5 top logprobs; SGLang's `DisallowedTokensLogitsProcessor`,
+which makes the server start with --enable-custom-logit-processor). The grammar walk appears
+as its own phase, `grammar`, and the logprob gathering as `logprobs`; the grammar mask and the
+processors run inside `accept`.
 
 or reports an existing record file (e.g. from a server you started with the variable set):
 
@@ -38,7 +45,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from scripts.benchlib import report, server  # noqa: E402
 from scripts.benchlib.stats import percentile  # noqa: E402
 
-PHASE_ORDER = ("draft", "verify", "accept", "inject")
+PHASE_ORDER = ("draft", "grammar", "verify", "accept", "logprobs", "inject")
+
+# A schema that keeps the model writing for as long as the run asks: at least 64 free strings.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"lines": {"type": "array", "items": {"type": "string"}, "minItems": 64}},
+    "required": ["lines"],
+}
+
+
+def feature_request(feature: str) -> tuple[dict, dict]:
+    """(extra sampling params, extra request fields) for one kind of request."""
+    if feature == "plain":
+        return {}, {}
+    if feature == "json":
+        return {"json_schema": json.dumps(JSON_SCHEMA)}, {}
+    if feature == "logprobs":
+        return {}, {"return_logprob": True, "top_logprobs_num": 5}
+    if feature == "processor":
+        from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+        processor = DisallowedTokensLogitsProcessor.to_str()
+        return {"custom_params": {"token_ids": [1]}}, {"custom_logit_processor": processor}
+    raise ValueError(f"unknown feature {feature!r}; choose from plain, json, logprobs, processor")
 
 
 def read_records(path: str, offset: int = 0) -> list:
@@ -122,15 +152,18 @@ def format_table(rows: list, label: Optional[str] = None) -> str:
 # ------------------------------------------------------------------------------ server runs
 
 
-def run_batch(url: str, batch_size: int, input_len: int, output_len: int, vocab: int, seed: int) -> dict:
+def run_batch(
+    url: str, batch_size: int, input_len: int, output_len: int, vocab: int, seed: int, feature: str = "plain"
+) -> dict:
     """`batch_size` equal-length greedy requests in one call; returns their mean accept length."""
     import requests
 
     rng = random.Random(seed)
     ids = [[rng.randrange(2, vocab) for _ in range(input_len)] for _ in range(batch_size)]
-    sampling = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    extra_sampling, extra_fields = feature_request(feature)
+    sampling = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True, **extra_sampling}
     response = requests.post(
-        url + "/generate", json={"input_ids": ids, "sampling_params": sampling}, timeout=3600
+        url + "/generate", json={"input_ids": ids, "sampling_params": sampling, **extra_fields}, timeout=3600
     )
     response.raise_for_status()
     out = response.json()
@@ -142,6 +175,8 @@ def run_batch(url: str, batch_size: int, input_len: int, output_len: int, vocab:
 def measure(args, records_path: str, env: dict) -> list:
     device = server.detect_device() if args.device == "auto" else args.device
     extra = ["--max-running-requests", str(max(args.batch_sizes))] + shlex.split(args.server_args)
+    if "processor" in args.features:
+        extra.append("--enable-custom-logit-processor")
     env = dict(env, SGLANG_DFLASH_STEP_TIMING=records_path)
     target, draft = (args.target, args.draft) if args.target else server.default_models()
     config = server.ServerConfig("dflash", target, draft, args.num_draft_tokens, device, extra, env)
@@ -151,19 +186,22 @@ def measure(args, records_path: str, env: dict) -> list:
     with server.ServerProcess(config, log) as proc:
         vocab = target_vocab(target) or args.vocab
         run_batch(proc.url, 1, 8, 8, vocab, seed=0)  # warm-up
-        for bs in args.batch_sizes:
-            server.flush_cache(proc.url)
-            offset = os.path.getsize(records_path) if os.path.exists(records_path) else 0
-            acc = run_batch(proc.url, bs, args.input_len, args.output_len, vocab, seed=bs)
-            time.sleep(0.2)
-            row = breakdown(read_records(records_path, offset), bs, args.skip_steps)
-            if row is None:
-                raise SystemExit(
-                    f"no decode step records at batch size {bs} in {records_path}: is the worker "
-                    "instrumented with StepTimer (SGLANG_DFLASH_STEP_TIMING)?"
+        for feature in args.features:
+            for bs in args.batch_sizes:
+                server.flush_cache(proc.url)
+                offset = os.path.getsize(records_path) if os.path.exists(records_path) else 0
+                acc = run_batch(
+                    proc.url, bs, args.input_len, args.output_len, vocab, seed=bs, feature=feature
                 )
-            rows.append({**row, **acc})
-            print(format_table(rows[-1:], None).splitlines()[-1], flush=True)
+                time.sleep(0.2)
+                row = breakdown(read_records(records_path, offset), bs, args.skip_steps)
+                if row is None:
+                    raise SystemExit(
+                        f"no decode step records at batch size {bs} in {records_path}: is the worker "
+                        "instrumented with StepTimer (SGLANG_DFLASH_STEP_TIMING)?"
+                    )
+                rows.append({**row, **acc, "feature": feature})
+                print(f"[{feature}] " + format_table(rows[-1:], None).splitlines()[-1], flush=True)
     return rows
 
 
@@ -190,6 +228,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-steps", type=int, default=2, help="first decode steps dropped per batch size")
     p.add_argument("--vocab", type=int, default=1000, help="prompt id range if the target config has none")
     p.add_argument("--simulate-acc-len", type=float, help="SGLANG_SIMULATE_ACC_LEN for the server")
+    p.add_argument(
+        "--features",
+        type=lambda s: s.split(","),
+        default=["plain"],
+        help="kinds of request, each run at every batch size: plain, json, logprobs, processor",
+    )
     p.add_argument("--output", help="write the breakdown as JSON here")
     return p.parse_args(argv)
 
@@ -209,7 +253,9 @@ def main(argv=None) -> int:
     else:
         out_dir = tempfile.mkdtemp(prefix="dflash-steps-")
         rows = measure(args, os.path.join(out_dir, "steps.jsonl"), sim_env if label else {})
-    print(format_table(rows, label))
+    for feature in dict.fromkeys(r.get("feature", "plain") for r in rows):
+        tag = ", ".join(x for x in (label, None if feature == "plain" else f"requests: {feature}") if x)
+        print(format_table([r for r in rows if r.get("feature", "plain") == feature], tag or None))
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"label": label, "simulated": bool(label), "rows": rows}, f, indent=1)

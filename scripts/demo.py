@@ -103,31 +103,47 @@ def print_acceptance(outputs) -> None:
         print(f"   {length:3d} tokens/step {histogram[length]:5d} {bar}")
 
 
+def add_pair_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", help="target model directory (default: the shipped tiny pair)")
+    parser.add_argument("--draft", help="DFlash draft directory (with --target)")
+
+
+def pair_from_args(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
+    """(target, draft): the given pair, or the shipped tiny pair when neither is given."""
+    if bool(args.target) != bool(args.draft):
+        parser.error("give both --target and --draft, or neither")
+    if args.target:
+        return args.target, args.draft
+    from sglang_dflash.assets import tiny_pair
+
+    return tiny_pair()
+
+
+def quiet_warnings() -> None:
+    """SGLang's import-time warnings about GPU-only features, here and in every process it starts."""
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    warnings.simplefilter("ignore")
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target", help="target model directory (default: the shipped tiny pair)")
-    parser.add_argument("--draft", help="DFlash draft directory (with --target)")
+    add_pair_args(parser)
     parser.add_argument("--num-draft-tokens", type=int, default=8, help="verify width B")
     parser.add_argument("--prompts", type=int, default=8, help="prompts generated and timed")
     parser.add_argument("--show", type=int, default=2, help="continuations printed")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     args = parser.parse_args()
-    if bool(args.target) != bool(args.draft):
-        parser.error("give both --target and --draft, or neither")
-    # SGLang's import-time warnings about GPU-only features, here and in every process it starts.
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    warnings.simplefilter("ignore")
+    target, draft = pair_from_args(parser, args)
+    quiet_warnings()
 
     device = choose_device()
-    from sglang_dflash.assets import tiny_pair, tiny_pair_prompts
+    from sglang_dflash.assets import tiny_pair_prompts
 
     if args.target:
-        target, draft = args.target, args.draft
         print(f"target: {target}\ndraft:  {draft}")
     else:
-        target, draft = tiny_pair()
         print("models: the tiny pair shipped in sglang_dflash/assets/tiny_pair")
     prompts = tiny_pair_prompts()[: args.prompts]
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0}

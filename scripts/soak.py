@@ -11,7 +11,12 @@ leak. `--concurrency` clients then send requests back to back, each drawn at ran
 * max_new_tokens from 1 to 512; greedy or sampled (temperature, top-p, top-k, min-p);
   sometimes ignore_eos or a stop token;
 * some streamed requests are dropped by the client after a few chunks (disconnect), some
-  aborted through /abort_request, and some non-streamed ones cut by a short client timeout.
+  aborted through /abort_request, and some non-streamed ones cut by a short client timeout;
+* some constrained (JSON schema, regex, EBNF; OpenAI `response_format` on chat), some asking for
+  logprobs (top-k, chosen token ids, input logprobs; OpenAI `logprobs` on chat), some with
+  penalties or a custom logit processor (the server runs with --enable-custom-logit-processor),
+  and a few with an invalid JSON schema, which must be refused (HTTP 400, or an abort in the
+  stream's last chunk) and nothing else. Outcomes are also tallied per kind of request.
 
 PASS needs: no 5xx, no connection failures, no stream errors, no unexpected 4xx; no request
 left hanging (each ends, or is cancelled by the client, within --request-timeout); the server
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import os
 import random
 import shlex
@@ -54,22 +61,47 @@ class Scenario:
     action: str = "complete"  # complete / disconnect / abort / cut (non-stream short timeout)
     after_chunks: int = 0
     cut_after: float = 0.0
+    expect_status: int = 200  # 400 for a deliberately invalid request
+    kind: str = "plain"  # the feature it exercises, for the per-kind tally
+
+
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "items": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["name", "items"],
+}
+GRAMMARS = [
+    {"json_schema": json.dumps(JSON_SCHEMA)},
+    {"regex": r"(yes|no|maybe), [a-z ]{1,40}\."},
+    {"ebnf": 'root ::= "[" num ("," num)* "]"\nnum ::= [0-9]+'},
+]
+INVALID_SCHEMA = '{"type": "objekt"}'
+
+
+@functools.cache
+def disallowed_tokens_processor() -> str:
+    """SGLang's own DisallowedTokensLogitsProcessor, serialized (importing sglang takes seconds)."""
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    return DisallowedTokensLogitsProcessor.to_str()
 
 
 @dataclass
 class Tally:
     outcomes: Counter = field(default_factory=Counter)
+    by_kind: dict = field(default_factory=dict)  # kind -> Counter of outcomes
     failures: list = field(default_factory=list)  # (outcome, detail), the first few
     output_tokens: int = 0
 
-    def add(self, outcome: str, detail: str = "", tokens: int = 0) -> None:
+    def add(self, outcome: str, detail: str = "", tokens: int = 0, kind: str = "plain") -> None:
         self.outcomes[outcome] += 1
+        self.by_kind.setdefault(kind, Counter())[outcome] += 1
         self.output_tokens += tokens
         if outcome not in GOOD and len(self.failures) < 20:
             self.failures.append((outcome, detail[:300]))
 
 
-GOOD = {"ok", "disconnected", "aborted", "cut"}
+GOOD = {"ok", "disconnected", "aborted", "cut", "rejected"}
 
 
 class ScenarioMaker:
@@ -109,6 +141,47 @@ class ScenarioMaker:
             params["ignore_eos"] = True
         return params
 
+    def generate_features(self, payload: dict) -> tuple[str, int]:
+        """Grammar, logprobs, penalties or a processor on a /generate request: (kind, the
+        expected HTTP status)."""
+        rng, sampling, r = self.rng, payload["sampling_params"], self.rng.random()
+        if r < 0.12:
+            grammar = rng.choice(GRAMMARS)
+            sampling.update(grammar)
+            return next(iter(grammar)), 200
+        if r < 0.22:
+            payload.update(return_logprob=True, top_logprobs_num=rng.choice([0, 1, 5]))
+            if rng.random() < 0.3:
+                payload["token_ids_logprob"] = [rng.randrange(2, self.vocab) for _ in range(3)]
+            if rng.random() < 0.3:
+                payload["logprob_start_len"] = 0
+            return "logprobs", 200
+        if r < 0.26:
+            sampling.update(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.2)
+            return "penalties", 200
+        if r < 0.29:
+            # One token set for all: SGLang's processor asserts that a batch shares one.
+            payload["custom_logit_processor"] = disallowed_tokens_processor()
+            sampling["custom_params"] = {"token_ids": [5, 6, 7, 8, 9]}
+            return "processor", 200
+        if r < 0.31:
+            sampling["json_schema"] = INVALID_SCHEMA
+            return "invalid_schema", 400
+        return "plain", 200
+
+    def chat_features(self, payload: dict) -> str:
+        rng, r = self.rng, self.rng.random()
+        if r < 0.1:
+            schema = {"name": "record", "schema": JSON_SCHEMA}
+            payload["response_format"] = rng.choice(
+                [{"type": "json_object"}, {"type": "json_schema", "json_schema": schema}]
+            )
+            return "chat_" + payload["response_format"]["type"]
+        if r < 0.2:
+            payload.update(logprobs=True, top_logprobs=rng.choice([0, 3]))
+            return "chat_logprobs"
+        return "chat"
+
     def make(self) -> Scenario:
         rng, sampling = self.rng, self.sampling()
         stream = rng.random() < 0.8
@@ -117,7 +190,10 @@ class ScenarioMaker:
                 sampling["stop_token_ids"] = [rng.randrange(2, self.vocab)]
             payload = {"input_ids": self.prompt_ids(), "sampling_params": sampling, "stream": stream}
             payload["rid"] = uuid.uuid4().hex
-            scenario = Scenario("generate", payload, stream)
+            kind, expect = self.generate_features(payload)
+            scenario = Scenario("generate", payload, stream, expect_status=expect, kind=kind)
+            if expect != 200:
+                return scenario
         else:
             messages = [{"role": "user", "content": rng.choice(self.texts)}]
             if rng.random() < 0.5:
@@ -126,7 +202,7 @@ class ScenarioMaker:
             payload["stream"] = stream
             if not stream:
                 payload.pop("stream_options")
-            scenario = Scenario("chat", payload, stream)
+            scenario = Scenario("chat", payload, stream, kind=self.chat_features(payload))
         r = rng.random()
         if stream and r < 0.1:
             scenario.action, scenario.after_chunks = "disconnect", rng.randint(0, 8)
@@ -161,7 +237,11 @@ async def _plain(session, url: str, s: Scenario) -> tuple:
     async with session.post(url, json=s.payload) as response:
         body = await response.text()
         if response.status != 200:
+            if response.status == s.expect_status:
+                return "rejected", "", 0
             return _status_outcome(response.status), body, 0
+    if s.expect_status != 200:
+        return "accepted_invalid", body, 0
     return "ok", "", 0
 
 
@@ -169,18 +249,24 @@ async def _streamed(session, url: str, path: str, s: Scenario) -> tuple:
     chunks, tokens = 0, 0
     async with session.post(url + path, json=s.payload) as response:
         if response.status != 200:
+            if response.status == s.expect_status:
+                return "rejected", "", 0
             return _status_outcome(response.status), await response.text(), 0
         if s.after_chunks == 0 and s.action == "disconnect":
             response.close()
             return "disconnected", "", 0
         if s.after_chunks == 0 and s.action == "abort":
             await _abort(session, url, s.payload["rid"])
+        finish = None
         async for data in client.iter_sse(response):
             if "error" in data:
+                if s.expect_status != 200:
+                    return "rejected", "", tokens  # the error reached a stream already open
                 return "stream_error", str(data["error"]), tokens
             chunks += 1
             meta = data.get("meta_info") or {}
             tokens = meta.get("completion_tokens", tokens)
+            finish = meta.get("finish_reason") or finish
             if chunks == s.after_chunks and s.action == "disconnect":
                 response.close()
                 return "disconnected", "", tokens
@@ -188,6 +274,11 @@ async def _streamed(session, url: str, path: str, s: Scenario) -> tuple:
                 await _abort(session, url, s.payload["rid"])
     if s.action == "abort":
         return "aborted", "", tokens
+    if s.expect_status != 200:
+        # A stream already open reports the refusal as an abort in its last chunk.
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            return "rejected", "", tokens
+        return "accepted_invalid", str(finish), tokens
     return "ok", "", tokens
 
 
@@ -209,7 +300,8 @@ async def soak(url: str, args, vocab: int, proc: server.ServerProcess) -> Tally:
         while time.perf_counter() < deadline and proc.alive():
             scenario = maker.make()
             outcome, detail, tokens = await run_scenario(session, url, scenario, args.request_timeout)
-            tally.add(outcome, f"{scenario.endpoint}/{scenario.action}: {detail}", tokens)
+            label = f"{scenario.endpoint}[{scenario.kind}]/{scenario.action}: {detail}"
+            tally.add(outcome, label, tokens, scenario.kind)
 
     async def reporter():
         start = time.perf_counter()
@@ -273,7 +365,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     target, draft = (args.target, args.draft) if args.target else server.default_models()
     vocab = _vocab(target)
-    extra = ["--max-running-requests", str(args.concurrency), *shlex.split(args.server_args)]
+    extra = ["--max-running-requests", str(args.concurrency), "--enable-custom-logit-processor"]
+    extra += shlex.split(args.server_args)
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
     config = server.ServerConfig("dflash", target, draft, args.num_draft_tokens, args.device, extra, env)
     log = args.log or os.path.join(tempfile.mkdtemp(prefix="dflash-soak-log-"), "server.log")
@@ -305,12 +398,15 @@ def summary(args, tally, elapsed, idle, after, alive, tracebacks, log) -> int:
         ("server errors (5xx, connection, stream)", server_errors == 0, str(server_errors)),
         ("unexpected 4xx", client_errors == 0, str(client_errors)),
         ("hung requests", o["hung"] == 0, str(o["hung"])),
+        ("invalid requests served as valid", o["accepted_invalid"] == 0, str(o["accepted_invalid"])),
         ("load back at idle level after flush", after == idle, f"idle {idle} / after {after}"),
         ("tracebacks in server log", tracebacks == 0, str(tracebacks)),
     ]
     total = sum(o.values())
     print(f"\n== soak: {total} requests in {elapsed:.0f} s at concurrency {args.concurrency} ==")
     print(f"outcomes: {dict(o)}; {tally.output_tokens} output tokens streamed by /generate")
+    for kind, outcomes in sorted(tally.by_kind.items()):
+        print(f"  {kind:20s} {dict(outcomes)}")
     for name, ok, detail in checks:
         print(f"  [{'ok' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""))
     for outcome, detail in tally.failures:
