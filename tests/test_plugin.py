@@ -71,7 +71,7 @@ def test_sgl_kernel_is_served_by_the_stand_ins_on_cpu():
     code = "import sgl_kernel; print(sgl_kernel.__file__); sgl_kernel.decode_attention_cpu()"
     env = {"SGLANG_USE_CPU_ENGINE": "1", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert "sglang_dflash/cpu/sgl_kernel_shim.py" in result.stdout
+    assert "sglang_dflash/cpu/sgl_kernel_shim/__init__.py" in result.stdout
     assert "NotImplementedError: sgl_kernel.decode_attention_cpu is not available" in result.stderr
 
 

@@ -1,8 +1,12 @@
-"""Make `import sgl_kernel` succeed under SGLANG_USE_CPU_ENGINE on hosts without its CPU build.
+"""Make SGLang's CPU engine run on hosts without sgl-kernel's CPU build.
 
 Run at interpreter start by `sglang_dflash_cpu.pth`, only when SGLANG_USE_CPU_ENGINE is set.
-The first `import sgl_kernel` tries the real module once; if it cannot load, the stand-ins in
-`sgl_kernel_shim.py` are served under the name `sgl_kernel`, and one log line says so.
+
+* The first `import sgl_kernel` tries the real module once; if it cannot load, the stand-ins in
+  `sgl_kernel_shim/` are served as the package `sgl_kernel`, and one log line says so.
+* A few SGLang modules are patched right after they are imported (`PATCHES`): where SGLang's
+  CPU branch is gated on AMX support that the stand-ins replace, and where a step of the
+  speculative path is Triton-only.
 """
 
 from __future__ import annotations
@@ -43,18 +47,108 @@ class SglKernelFinder(importlib.abc.MetaPathFinder):
         except (ImportError, OSError) as error:
             for key in [k for k in sys.modules if k == "sgl_kernel" or k.startswith("sgl_kernel.")]:
                 del sys.modules[key]
-            shim = os.path.join(os.path.dirname(__file__), "sgl_kernel_shim.py")
+            shim = os.path.join(os.path.dirname(__file__), "sgl_kernel_shim")
             logger.info(
                 "sgl_kernel cannot load on this host (%s); sglang_dflash serves its pure-PyTorch "
-                "stand-ins (sglang_dflash/cpu/sgl_kernel_shim.py) as sgl_kernel",
+                "stand-ins (sglang_dflash/cpu/sgl_kernel_shim/) as sgl_kernel",
                 str(error).strip().splitlines()[-1][:160],
             )
-            return importlib.util.spec_from_file_location(name, shim)
+            return importlib.util.spec_from_file_location(
+                name, os.path.join(shim, "__init__.py"), submodule_search_locations=[shim]
+            )
+
+
+def _stand_ins_serve_sgl_kernel() -> bool:
+    import sgl_kernel
+
+    return getattr(sgl_kernel, "IS_STAND_IN", False)
+
+
+def _gated_norm_on_cpu(module) -> None:
+    """The gated RMSNorm after the linear attention takes its CPU branch only with AMX (the
+    real CPU build); the stand-ins provide the op that branch calls."""
+    if _stand_ins_serve_sgl_kernel():
+        module._use_cpu = True
+
+
+def _commit_after_verify_on_cpu(module) -> None:
+    """SGLang's post-verify mamba state commit is a Triton kernel that refuses CPU tensors."""
+    from sglang_dflash.cpu import triton_ops
+
+    module.scatter_mamba_states_after_mtp_verify = triton_ops.scatter_mamba_states_after_mtp_verify
+
+
+def _shared_expert_gate_on_cpu(module) -> None:
+    """Qwen2-MoE-style blocks (Qwen3-Next) gate the shared expert with a Triton kernel unless
+    the gate runs on the AMX backend."""
+    from sglang_dflash.cpu import triton_ops
+
+    module.fused_gate_sigmoid_mul_add = triton_ops.fused_gate_sigmoid_mul_add
+
+
+def _default_device_module_is_cpu(module) -> None:
+    """Qwen3-Next builds its gated norm on `torch.get_device_module().current_device()`; with a
+    CUDA build of torch and no GPU that names CUDA, and CUDA initialisation fails."""
+    import torch
+
+    if not torch.cuda.is_available():
+        original = torch.get_device_module
+
+        def get_device_module(device=None):
+            return torch.cpu if device is None else original(device)
+
+        torch.get_device_module = get_device_module
+
+
+def _mamba_auto_strategy_on_cpu(module) -> None:
+    """`--mamba-radix-cache-strategy auto` picks extra_buffer whenever overlap scheduling is on,
+    and extra_buffer then refuses CPU (it needs GPU state snapshots), so hybrid targets failed
+    with default flags. Here auto sees what the platform supports and resolves to no_buffer
+    with overlap scheduling off, as SGLang does where extra_buffer does not apply."""
+    from sglang.srt.arg_groups import mamba_hook
+
+    original = module.supports_mamba_cache_extra_buffer
+
+    def supports_mamba_cache_extra_buffer(view, hf_config):
+        return mamba_hook._platform_supports_mamba_cache_extra_buffer() and original(view, hf_config)
+
+    module.supports_mamba_cache_extra_buffer = supports_mamba_cache_extra_buffer
+
+
+PATCHES = {
+    "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
+    "sglang.srt.models.qwen3_next": _default_device_module_is_cpu,
+    "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
+    "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm_on_cpu,
+    "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend": _commit_after_verify_on_cpu,
+}
+
+
+class PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs PATCHES[name](module) right after module `name` is first executed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            PATCHES[name](module)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def install() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE", "").lower() not in ("1", "true", "yes"):
         return
-    if "sgl_kernel" in sys.modules or any(isinstance(f, SglKernelFinder) for f in sys.meta_path):
+    if any(isinstance(f, PatchAfterImport) for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, SglKernelFinder())
+    sys.meta_path.insert(0, PatchAfterImport())
+    if "sgl_kernel" not in sys.modules:
+        sys.meta_path.insert(0, SglKernelFinder())

@@ -1,5 +1,7 @@
 """Pure-PyTorch stand-ins for the sgl_kernel CPU ops that SGLang 0.5.23 reaches on a plain CPU
-host (torch_native attention, page size 1). Any other op raises, naming itself."""
+host (torch_native attention, page size 1), served as the package `sgl_kernel`. Any other op
+raises, naming itself. The linear-attention ops of hybrid models (`sgl_kernel.mamba` and their
+`torch.ops.sgl_kernel` ops) live in sglang_dflash/cpu/linear_attention.py."""
 
 from __future__ import annotations
 
@@ -7,10 +9,14 @@ import ctypes
 
 import torch
 
+from sglang_dflash.cpu import linear_attention  # noqa: F401  (registers its torch.ops.sgl_kernel ops)
+
+IS_STAND_IN = True
 STAND_INS = (
     "assign_req_to_token_pool_cpu",
     "copy_all_layer_kv_cache_cpu",
     "torch.ops.sgl_kernel.murmur_hash32_cpu",
+    "the linear-attention ops in sglang_dflash/cpu/linear_attention.py",
 )
 
 
