@@ -46,8 +46,10 @@ from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
 from sglang_dflash.step_timer import StepTimer
+from sglang_dflash.target_pool import num_target_slots
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
 
@@ -140,6 +142,7 @@ class DFlashWorker(BaseSpecWorker):
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
 
         self.returns_hidden_states = _keep_final_hidden_states(target)
+        self.linear_state = LinearStateCommit.for_target(runner)  # None unless the target is hybrid
         self.grammar_window = GrammarWindow(
             propose=os.environ.get("SGLANG_DFLASH_GRAMMAR_PROPOSALS", "1") != "0",
             vocab_size=self.vocab_size,
@@ -158,7 +161,8 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d device=%s dtype=%s grammar_aware_proposals=%s hidden_states=%s%s%s",
+            "verify_width=%d device=%s dtype=%s grammar_aware_proposals=%s hidden_states=%s "
+            "linear_attention_state_commit=%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -170,6 +174,7 @@ class DFlashWorker(BaseSpecWorker):
             runner.dtype,
             self.grammar_window.propose,
             self.returns_hidden_states,
+            self.linear_state is not None,
             " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
             f" [tracing proposals to {trace_path}]" if trace_path else "",
         )
@@ -187,7 +192,7 @@ class DFlashWorker(BaseSpecWorker):
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         # Same slot-id space as the target pool (SGLang budgeted the draft's bytes per token
         # into the target pool's cell size, so this is the memory it set aside for us).
-        num_slots = self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0]
+        num_slots = num_target_slots(self.model_runner.token_to_kv_pool)
         # FlashInfer keeps each step's block K/V in scratch slots past the target's range.
         max_bs = req_to_token_pool.req_to_token.shape[0]
         self.flashinfer_unavailable = flashinfer_attention.unavailable_reason(
@@ -296,6 +301,8 @@ class DFlashWorker(BaseSpecWorker):
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
             self.verifier.commit(batch, candidates, commit_lens)
+            if self.linear_state is not None:
+                self.linear_state(batch, seq_lens, commit_lens)
             new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
             if on_publish is not None:
                 on_publish(new_seq_lens)
