@@ -11,11 +11,10 @@ The non-speculative reference runs with overlap scheduling off: in SGLang 0.5.23
 path applies output penalties one token late.
 """
 
-from collections import Counter
-
 import pytest
 
 from tests import engines
+from tests.stats import ALPHA, homogeneity_pvalue
 
 pytestmark = pytest.mark.sglang
 
@@ -29,8 +28,6 @@ FILTERED = {
     "max_new_tokens": 3,
     "ignore_eos": True,
 }
-# A chi-square homogeneity test at this level fails a correct implementation once in 10^4 runs.
-ALPHA = 1e-4
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
 PENALIZED = [
@@ -98,34 +95,16 @@ def dflash(tiny, reference):
     return dict(greedy, **samples)
 
 
-def _homogeneity_pvalue(a: list, b: list) -> float:
-    """Chi-square test that two samples come from one distribution; rare outcomes are pooled
-    so every expected count is at least 5."""
-    from scipy.stats import chi2_contingency
-
-    ca, cb = Counter(a), Counter(b)
-    total = len(a) + len(b)
-    common, rare_a, rare_b = [], 0, 0
-    for key in set(ca) | set(cb):
-        if (ca[key] + cb[key]) * min(len(a), len(b)) / total >= 5:
-            common.append((ca[key], cb[key]))
-        else:
-            rare_a, rare_b = rare_a + ca[key], rare_b + cb[key]
-    if rare_a + rare_b:
-        common.append((rare_a, rare_b))
-    return chi2_contingency(list(zip(*common)))[1]
-
-
 @pytest.mark.parametrize("positions", [(0, 1), (1, 2), (2,)], ids=["tokens-1-2", "tokens-2-3", "token-3"])
 def test_sampled_distribution_matches_the_target(reference, dflash, positions):
     pick = lambda seqs: [tuple(s[i] for i in positions) for s in seqs]  # noqa: E731
-    assert _homogeneity_pvalue(pick(reference["samples"]), pick(dflash["samples"])) > ALPHA
+    assert homogeneity_pvalue(pick(reference["samples"]), pick(dflash["samples"])) > ALPHA
 
 
 @pytest.mark.parametrize("positions", [(0,), (0, 1)], ids=["token-1", "tokens-1-2"])
 def test_sampled_distribution_under_a_grammar_matches_the_target(reference, dflash, positions):
     pick = lambda seqs: [tuple(s[i] if i < len(s) else -1 for i in positions) for s in seqs]  # noqa: E731
-    assert _homogeneity_pvalue(pick(reference["constrained"]), pick(dflash["constrained"])) > ALPHA
+    assert homogeneity_pvalue(pick(reference["constrained"]), pick(dflash["constrained"])) > ALPHA
 
 
 def test_sampled_outputs_under_a_grammar_match_it(reference, dflash):

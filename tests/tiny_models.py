@@ -88,6 +88,103 @@ def make_target(
     return path
 
 
+FAVOURED_ID = 7
+
+
+def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
+    """A tiny hybrid linear-attention target: three Gated DeltaNet layers, then one full-attention
+    layer (`full_attention_interval` 4, as in the published checkpoints).
+
+    family: "qwen3_next" (Qwen3NextForCausalLM, MoE with a shared expert), "qwen3_5"
+    (Qwen3_5ForCausalLM, dense), "qwen3_5_moe" (Qwen3_5MoeForCausalLM), or "qwen3_5_vl" (the
+    multimodal wrapper Qwen3_5ForConditionalGeneration that Qwen3.5 checkpoints use, with a
+    one-block vision tower and its processor, served here for text).
+
+    favour > 0 makes token FAVOURED_ID the greedy choice about half the time: every embedding
+    carries 1.0 in dimension 0 and the LM head reads it into that token's logit. An untrained
+    draft, which shares the embeddings and head, then proposes it too, so verifies accept runs
+    of proposals while the other half of the choices still depend on the whole context.
+    """
+    import transformers
+
+    torch.manual_seed(seed)
+    layer_types = ["linear_attention"] * 3 + ["full_attention"]
+    common = dict(
+        vocab_size=384,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=layer_types,
+        tie_word_embeddings=False,
+        eos_token_id=EOS_ID,
+        bos_token_id=EOS_ID,
+    )
+    moe = dict(
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2
+    )
+    if family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(**common, intermediate_size=128, **moe)
+        model = transformers.Qwen3NextForCausalLM(config)
+    elif family == "qwen3_5":
+        config = transformers.Qwen3_5TextConfig(**common, intermediate_size=128)
+        model = transformers.Qwen3_5ForCausalLM(config)
+    elif family == "qwen3_5_moe":
+        config = transformers.Qwen3_5MoeTextConfig(**common, **moe)
+        model = transformers.Qwen3_5MoeForCausalLM(config)
+    elif family == "qwen3_5_vl":
+        vision = dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4
+        )
+        config = transformers.Qwen3_5Config(
+            text_config=dict(common, intermediate_size=128, full_attention_interval=4),
+            vision_config=vision,
+            image_token_id=380,
+            video_token_id=381,
+            vision_start_token_id=382,
+            vision_end_token_id=383,
+        )
+        model = transformers.Qwen3_5ForConditionalGeneration(config)
+    else:
+        raise ValueError(f"unknown hybrid family {family!r}")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+        if favour:
+            model.get_input_embeddings().weight[:, 0] = 1.0
+            model.lm_head.weight[FAVOURED_ID, 0] = favour
+    model.save_pretrained(path)
+    make_tokenizer(path)
+    if family == "qwen3_5_vl":
+        _save_vl_processor(path)
+    else:
+        # SGLang's config classes read the layer pattern from full_attention_interval.
+        _edit_json(os.path.join(path, "config.json"), full_attention_interval=4)
+    return path
+
+
+def _save_vl_processor(path: str) -> None:
+    """The image and video processors SGLang loads for a multimodal checkpoint."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    sizes = dict(patch_size=4, merge_size=2, temporal_patch_size=2)
+    transformers.Qwen3VLProcessor(
+        image_processor=transformers.Qwen2VLImageProcessor(**sizes),
+        video_processor=transformers.Qwen3VLVideoProcessor(**sizes),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    ).save_pretrained(path)
+
+
 def draft_config_dict(
     *,
     hidden_size: int = 64,
@@ -196,6 +293,16 @@ DRAFTS = {
 }
 
 
+# Hybrid linear-attention targets (make_hybrid_target): family and favour, set so the favoured
+# token is about half of the greedy choices. They pair with draft "a".
+HYBRID_TARGETS = {
+    "next": ("qwen3_next", 4.0),
+    "q35": ("qwen3_5", 10.0),
+    "q35moe": ("qwen3_5_moe", 4.0),
+    "q35vl": ("qwen3_5_vl", 10.0),
+}
+
+
 class TinyModels:
     """Builds each named checkpoint on first use under `root`."""
 
@@ -214,6 +321,13 @@ class TinyModels:
             spec = dict(DRAFTS[name])
             spec.pop("target")
             make_draft(path, **spec)
+        return path
+
+    def hybrid_target(self, name: str) -> str:
+        path = os.path.join(self.root, f"hybrid-{name}")
+        if not os.path.isdir(path):
+            family, favour = HYBRID_TARGETS[name]
+            make_hybrid_target(path, family=family, favour=favour)
         return path
 
     def pair(self, name: str) -> tuple[str, str]:
