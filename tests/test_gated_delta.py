@@ -251,3 +251,32 @@ def test_verify_window_equals_decode_steps_with_a_bf16_conv_state():
     assert torch.equal(verify_states, stepped)
     exact_inputs = gated_delta.conv(torch.cat([start[rows.long()].float(), x], -1), weight, None, True)
     assert (exact_inputs - decoded).abs().max() > 1e-3
+
+
+def test_verify_window_equals_decode_steps_with_a_bf16_recurrent_state(params):
+    """With the pool's state in bf16, each decode step stores its state rounded; a verify window
+    rounds after each step too, so its outputs and per-step states are the decode steps'."""
+    bs, steps = 2, 4
+    q, k, v, a, b = _inputs(bs * steps)
+    start = (torch.randn(3, HV, V, K) * 0.3).to(torch.bfloat16)
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    op = torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu
+    common = dict(A_log=params["A_log"], dt_bias=params["dt_bias"], initial_state_indices=rows)
+
+    pool, decoded, kept = start.clone(), [], []
+    for t in range(steps):
+        at = [i * steps + t for i in range(bs)]
+        decoded.append(
+            op(q=q[:, at], k=k[:, at], v=v[:, at], a=a[at], b=b[at], initial_state_source=pool,
+               cu_seqlens=torch.arange(bs + 1, dtype=torch.int32), **common)[0]
+        )  # fmt: skip
+        kept.append(pool[rows.long()].clone())
+    scratch = torch.zeros(bs, steps, HV, V, K, dtype=torch.bfloat16)
+    out = op(
+        q=q, k=k, v=v, a=a, b=b, initial_state_source=start.clone(),
+        cu_seqlens=torch.arange(0, bs * steps + 1, steps, dtype=torch.int32), disable_state_update=True,
+        intermediate_states_buffer=scratch, intermediate_state_indices=torch.arange(bs, dtype=torch.int32),
+        **common,
+    )[0].view(bs, steps, HV, V)  # fmt: skip
+    torch.testing.assert_close(out, torch.stack(decoded, 1), atol=1e-6, rtol=0)
+    assert torch.equal(scratch, torch.stack(kept, 1))

@@ -87,17 +87,16 @@ def _shared_expert_gate_on_cpu(module) -> None:
 
 
 def _default_device_module_is_cpu(module) -> None:
-    """Qwen3-Next builds its gated norm on `torch.get_device_module().current_device()`; with a
-    CUDA build of torch and no GPU that names CUDA, and CUDA initialisation fails."""
+    """Qwen3-Next builds its gated norm on `torch.get_device_module().current_device()`, which
+    names CUDA with a CUDA build of torch (and fails without a GPU); the CPU engine means CPU."""
     import torch
 
-    if not torch.cuda.is_available():
-        original = torch.get_device_module
+    original = torch.get_device_module
 
-        def get_device_module(device=None):
-            return torch.cpu if device is None else original(device)
+    def get_device_module(device=None):
+        return torch.cpu if device is None else original(device)
 
-        torch.get_device_module = get_device_module
+    torch.get_device_module = get_device_module
 
 
 def _mamba_auto_strategy_on_cpu(module) -> None:
@@ -145,10 +144,13 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    if os.environ.get("SGLANG_USE_CPU_ENGINE", "").lower() not in ("1", "true", "yes"):
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":  # SGLang's own test (utils.is_cpu)
         return
     if any(isinstance(f, PatchAfterImport) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, PatchAfterImport())
     if "sgl_kernel" not in sys.modules:
         sys.meta_path.insert(0, SglKernelFinder())
+    for name, patch in PATCHES.items():
+        if name in sys.modules:  # imported before this ran: patch it now
+            patch(sys.modules[name])

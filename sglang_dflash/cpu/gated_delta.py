@@ -83,19 +83,25 @@ def recurrent(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    kept_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step form over L positions (decode: L = 1; verify: L = the window).
 
     q, k [N, L, HV, K] (normalised, scaled), v [N, L, HV, V], g, beta [N, L, HV], state
     [N, HV, V, K] fp32 -> (o [N, L, HV, V], states [N, L, HV, V, K], the state after each step).
-    One iteration per position, each batched over every sequence and head.
+    One iteration per position, each batched over every sequence and head. Each step's state
+    is rounded to `kept_dtype` (the pool's) before the next, as decode keeps it there between
+    steps, so a verify window follows what decoding its tokens one at a time would.
     """
+    # Position-major copies: each step reads contiguous [N, ...] slices, laid out as in decode.
+    q, k, v, g, beta = (x.transpose(0, 1).contiguous() for x in (q, k, v, g, beta))
     outs, states = [], []
-    for t in range(q.shape[1]):
-        state = state * g[:, t, :, None, None].exp()
-        u = beta[:, t, :, None] * (v[:, t] - torch.einsum("nhvk,nhk->nhv", state, k[:, t]))
-        state = state + u[..., None] * k[:, t, :, None, :]
-        outs.append(torch.einsum("nhvk,nhk->nhv", state, q[:, t]))
+    for t in range(q.shape[0]):
+        state = state * g[t, :, :, None, None].exp()
+        u = beta[t, :, :, None] * (v[t] - torch.einsum("nhvk,nhk->nhv", state, k[t]))
+        state = state + u[..., None] * k[t, :, :, None, :]
+        outs.append(torch.einsum("nhvk,nhk->nhv", state, q[t]))
+        state = state.to(kept_dtype).float()
         states.append(state)
     return torch.stack(outs, 1), torch.stack(states, 1)
 

@@ -16,6 +16,7 @@ Pool rows with a negative index are padding: they are neither read nor written.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -197,7 +198,8 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         raise NotImplementedError("tree-shaped verify is not supported by the CPU recurrence stand-in")
     g, beta = gated_delta.gates(A_log, a, b, dt_bias)
     rows = initial_state_indices[: cu_seqlens.shape[0] - 1].to(torch.int64)
-    out, states, valid = _run(q, k, v, g, beta, initial_state_source, rows, cu_seqlens, gated_delta.recurrent)
+    steps = functools.partial(gated_delta.recurrent, kept_dtype=initial_state_source.dtype)
+    out, states, valid = _run(q, k, v, g, beta, initial_state_source, rows, cu_seqlens, steps)
     if intermediate_states_buffer is not None:
         slots = intermediate_state_indices[: states.shape[0]].to(torch.int64)
         ok = slots >= 0

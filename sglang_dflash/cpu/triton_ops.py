@@ -24,7 +24,7 @@ def fused_gate_sigmoid_mul_add(
 def _scatter(dst: torch.Tensor, src: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor, src_rows) -> None:
     """dst[:, rows[i]] = src[:, src_rows[i], steps[i]] for every layer, where all are valid."""
     rows, steps = rows.to(torch.int64), steps.to(torch.int64)
-    src_rows = torch.arange(len(steps)) if src_rows is None else src_rows.to(torch.int64)
+    src_rows = torch.arange(len(steps), device=steps.device) if src_rows is None else src_rows.to(torch.int64)
     ok = (
         (steps >= 0)
         & (steps < src.shape[2])
