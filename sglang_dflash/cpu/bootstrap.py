@@ -86,17 +86,23 @@ def _shared_expert_gate_on_cpu(module) -> None:
     module.fused_gate_sigmoid_mul_add = triton_ops.fused_gate_sigmoid_mul_add
 
 
-def _default_device_module_is_cpu(module) -> None:
+def _gated_delta_net_built_on_cpu(module) -> None:
     """Qwen3-Next builds its gated norm on `torch.get_device_module().current_device()`, which
-    names CUDA with a CUDA build of torch (and fails without a GPU); the CPU engine means CPU."""
+    names CUDA with a CUDA build of torch (and fails without a GPU); the CPU engine means CPU.
+    Only while a layer is built: torch.compile relies on the real function elsewhere."""
     import torch
 
-    original = torch.get_device_module
+    build = module.Qwen3GatedDeltaNet.__init__
 
-    def get_device_module(device=None):
-        return torch.cpu if device is None else original(device)
+    def __init__(self, *args, **kwargs):
+        original = torch.get_device_module
+        torch.get_device_module = lambda device=None: torch.cpu if device is None else original(device)
+        try:
+            build(self, *args, **kwargs)
+        finally:
+            torch.get_device_module = original
 
-    torch.get_device_module = get_device_module
+    module.Qwen3GatedDeltaNet.__init__ = __init__
 
 
 def _mamba_auto_strategy_on_cpu(module) -> None:
@@ -116,7 +122,7 @@ def _mamba_auto_strategy_on_cpu(module) -> None:
 
 PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
-    "sglang.srt.models.qwen3_next": _default_device_module_is_cpu,
+    "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm_on_cpu,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
