@@ -19,7 +19,7 @@ import glob
 import json
 import logging
 import os
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -212,26 +212,25 @@ class DFlashDraftModel(nn.Module):
         """Load z-lab weight names (optionally `model.`-prefixed); missing or misshapen -> error."""
         state = {k.removeprefix("model."): v for k, v in state.items()}
         expected = dict(self.named_parameters())
-        fc = state.get("fc.weight")
-        want = tuple(expected["fc.weight"].shape)
-        if fc is not None and tuple(fc.shape) != want:
-            raise CheckpointError(
-                f"draft weight 'fc.weight' has shape {tuple(fc.shape)}, expected {want}: "
-                f"{self.num_target_features} target layers x hidden_size {self.config.hidden_size}"
-            )
-        missing = sorted(set(expected) - set(state))
-        if missing:
-            raise CheckpointError(f"draft checkpoint is missing weights: {missing[:8]}")
-        for name, param in expected.items():
-            got, want = tuple(state[name].shape), tuple(param.shape)
-            if got != want:
-                raise CheckpointError(f"draft weight {name!r} has shape {got}, expected {want}")
-        unused = sorted(set(state) - set(expected))
-        if unused:
-            logger.info(
-                "DFlash draft checkpoint: ignoring %d unused tensors, e.g. %s", len(unused), unused[:4]
-            )
+        check_weight_shapes(
+            {k: tuple(p.shape) for k, p in expected.items()},
+            {k: tuple(v.shape) for k, v in state.items()},
+            _fc_input(self.num_target_features, self.config.hidden_size),
+        )
         self.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
+
+    @classmethod
+    def check_checkpoint(cls, path: str, config: DFlashDraftConfig, num_target_features: int) -> None:
+        """The checkpoint's weights against the network the config describes, from the
+        safetensors headers only (no tensor is read): for the launching process, so a bad
+        checkpoint fails there with one line, not inside the scheduler."""
+        with torch.device("meta"):
+            model = cls(config, num_target_features)
+        check_weight_shapes(
+            {k: tuple(p.shape) for k, p in model.named_parameters()},
+            {k.removeprefix("model."): shape for k, shape in read_weight_shapes(path).items()},
+            _fc_input(num_target_features, config.hidden_size),
+        )
 
     def save_pretrained(self, path: str, raw_config: dict, dtype: Optional[torch.dtype] = None) -> None:
         """Write `config.json` and `model.safetensors` in the z-lab format."""
@@ -247,13 +246,47 @@ class DFlashDraftModel(nn.Module):
         save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
+def _fc_input(num_target_features: int, hidden_size: int) -> str:
+    return f"fc reads {num_target_features} captured target layer(s) of hidden_size {hidden_size}"
+
+
+def check_weight_shapes(expected: dict[str, tuple], found: dict[str, tuple], fc_input: str) -> None:
+    """Every expected weight present with its shape; the error names the tensor and both
+    shapes. `fc_input` explains fc.weight's input width (its mismatch is the common one: a draft
+    trained for another target). Extra tensors are logged and ignored."""
+    for name, want in expected.items():
+        if name not in found:
+            raise CheckpointError(f"draft checkpoint is missing the weight {name!r} (expected shape {want})")
+        if found[name] != want:
+            why = f": {fc_input}" if name == "fc.weight" else ""
+            raise CheckpointError(f"draft weight {name!r} has shape {found[name]}, expected {want}{why}")
+    unused = sorted(set(found) - set(expected))
+    if unused:
+        logger.info("DFlash draft checkpoint: ignoring %d unused tensors, e.g. %s", len(unused), unused[:4])
+
+
+def read_weight_shapes(path: str) -> dict[str, tuple]:
+    """Tensor name -> shape, from the checkpoint's safetensors headers."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple] = {}
+    for file in _safetensors_files(path):
+        with safe_open(file, framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def _safetensors_files(path: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"draft checkpoint {path!r} has no *.safetensors files")
+    return files
+
+
 def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files: Iterable[str] = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise CheckpointError(f"draft checkpoint {path!r} has no *.safetensors files")
     state: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in _safetensors_files(path):
         state.update(load_file(file))
     return state

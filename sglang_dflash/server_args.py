@@ -65,16 +65,19 @@ def handle_dflash_server_args(server_args) -> None:
     draft.check_num_draft_tokens(int(num_draft_tokens))
     declare_resolution(server_args, SOURCE, speculative_num_draft_tokens=int(num_draft_tokens))
 
-    _check_target(cfg, draft)
+    _check_target(cfg, draft, path)
     _check_grammar_backend(cfg.grammar_backend, cfg.reasoning_parser)
 
     if cfg.max_running_requests is None:
         declare_resolution(server_args, SOURCE, max_running_requests=48)
 
 
-def _check_target(cfg, draft: DFlashDraftConfig) -> None:
-    """The pairing checks that need the target's config and model class."""
+def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
+    """The pairing checks that need the target's config and model class, and the draft's
+    weights against the network its config and the target describe."""
     from sglang.srt.utils.hf_transformers_utils import get_config
+
+    from sglang_dflash.draft_model import DFlashDraftModel
 
     target = get_config(
         cfg.model_path,
@@ -83,11 +86,12 @@ def _check_target(cfg, draft: DFlashDraftConfig) -> None:
         model_override_args=json.loads(cfg.json_model_override_args),
     )
     text = target.get_text_config() if hasattr(target, "get_text_config") else target
-    draft.check_target(
+    layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
         num_layers=int(text.num_hidden_layers),
     )
+    DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
     if draft.num_target_layers is not None and draft.num_target_layers != text.num_hidden_layers:
         logger.warning(
             "DFLASH draft was trained for a %d-layer target; this target has %d layers",

@@ -8,6 +8,7 @@ launching process, so they raise before any subprocess starts (no engine is left
 import os
 
 import pytest
+import torch
 
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig, build_target_layer_ids
 from tests import engines
@@ -154,3 +155,42 @@ def test_outlines_under_a_reasoning_parser(tiny):
         grammar_backend="outlines",
         reasoning_parser="qwen3",
     )
+
+
+def _draft_with_weights(tiny, tmp_path, name: str, edit) -> str:
+    """A copy of draft "a" whose tensors dict is passed through `edit(dict)`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = str(tmp_path / name)
+    shutil.copytree(tiny.draft("a"), path)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file)
+    return path
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(
+    "name, edit, message",
+    [
+        ("no-fc", lambda t: t.pop("fc.weight"), "missing the weight 'fc.weight' (expected shape (64, 64))"),
+        (
+            "short-q",
+            lambda t: t.update({"layers.0.self_attn.q_proj.weight": torch.zeros(32, 64)}),
+            "'layers.0.self_attn.q_proj.weight' has shape (32, 64), expected (64, 64)",
+        ),
+        (
+            "narrow-fc",
+            lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
+            "'fc.weight' has shape (64, 128), expected (64, 64): "
+            "fc reads 1 captured target layer(s) of hidden_size 64",
+        ),
+    ],
+    ids=["missing", "misshapen", "fc-for-another-target"],
+)
+def test_bad_weights_fail_in_the_launching_process(tiny, tmp_path, name, edit, message):
+    """One line naming the tensor and both shapes, before any scheduler process starts."""
+    _expect_startup_error(tiny.target("a"), _draft_with_weights(tiny, tmp_path, name, edit), message)
