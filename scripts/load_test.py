@@ -182,6 +182,8 @@ def launch_and_sweep(args, prompts: list, out_dir: str, env: dict) -> tuple:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if not args.no_plots:
+        report.require_plotting()  # before any work: the plots come last
     prompts = prompt_sources.load(args.dataset, args.dataset_path, args.num_prompts)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.output_dir or os.path.join("load_test_results", stamp)

@@ -378,3 +378,15 @@ def test_soak_traffic_mixes_every_kind_of_request():
     assert [again.make().payload.get("input_ids") for _ in range(20)] == [
         s.payload.get("input_ids") for s in scenarios[:20]
     ]
+
+
+def test_missing_matplotlib_is_one_line_before_any_work(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    hide = lambda name, *a: None if name == "matplotlib" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", hide)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"pip install 'sglang-dflash\[bench\]'"):
+        load_test.main(["--url", "http://127.0.0.1:9", "--output-dir", str(out)])
+    assert not out.exists()  # nothing was started or written

@@ -167,6 +167,17 @@ def write_json(path: str, results: dict) -> None:
         json.dump(results, f, indent=1, default=str)
 
 
+def require_plotting() -> None:
+    """Exit with one line if matplotlib (the `bench` extra) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit(
+            "error: the plots need matplotlib: pip install 'sglang-dflash[bench]' "
+            "(or pip install matplotlib), or pass --no-plots"
+        )
+
+
 def plot(results: dict, out_dir: str) -> list:
     """throughput.png, latency.png and (if any run reported acceptance) acceptance.png."""
     import matplotlib
