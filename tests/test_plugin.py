@@ -100,3 +100,14 @@ def test_copy_all_layer_kv_cache_cpu_moves_rows_of_every_buffer():
     for b, old in zip(buffers, before):
         old[[7, 1]] = old[[2, 9]]
         assert torch.equal(b, old)
+
+
+def test_stand_ins_serve_when_the_script_sets_the_cpu_engine_itself():
+    """SGLang reads SGLANG_USE_CPU_ENGINE when it needs it; so do the stand-ins, so a script may
+    set it before importing sglang rather than in its environment."""
+    code = (
+        "import os; os.environ['SGLANG_USE_CPU_ENGINE'] = '1'\nimport sgl_kernel; print(sgl_kernel.__file__)"
+    )
+    env = {"PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "sglang_dflash/cpu/sgl_kernel_shim/__init__.py" in result.stdout, result.stderr[-2000:]

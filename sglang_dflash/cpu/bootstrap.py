@@ -1,6 +1,7 @@
 """Make SGLang's CPU engine run on hosts without sgl-kernel's CPU build.
 
-Run at interpreter start by `sglang_dflash_cpu.pth`, only when SGLANG_USE_CPU_ENGINE is set.
+Run at interpreter start by `sglang_dflash_cpu.pth`; the hooks act only while
+SGLANG_USE_CPU_ENGINE=1, read when a module is imported.
 
 * The first `import sgl_kernel` tries the real module once; if it cannot load, the stand-ins in
   `sgl_kernel_shim/` are served as the package `sgl_kernel`, and one log line says so.
@@ -38,7 +39,7 @@ class _AlreadyLoaded(importlib.abc.Loader):
 
 class SglKernelFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != "sgl_kernel":
+        if name != "sgl_kernel" or not _cpu_engine():
             return None
         sys.meta_path.remove(self)  # decide once, then get out of the way
         try:
@@ -134,7 +135,7 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
     """Runs PATCHES[name](module) right after module `name` is first executed."""
 
     def find_spec(self, name, path=None, target=None):
-        if name not in PATCHES:
+        if name not in PATCHES or not _cpu_engine():
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -149,14 +150,21 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _cpu_engine() -> bool:
+    """SGLang's own test (utils.is_cpu), read when a module is imported, not at start-up: a
+    script may set the variable itself before it imports sglang."""
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
 def install() -> None:
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":  # SGLang's own test (utils.is_cpu)
-        return
+    """Put the finders in place (every interpreter start, from the .pth); they act only under
+    SGLang's CPU engine."""
     if any(isinstance(f, PatchAfterImport) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, PatchAfterImport())
     if "sgl_kernel" not in sys.modules:
         sys.meta_path.insert(0, SglKernelFinder())
-    for name, patch in PATCHES.items():
-        if name in sys.modules:  # imported before this ran: patch it now
-            patch(sys.modules[name])
+    if _cpu_engine():
+        for name, patch in PATCHES.items():
+            if name in sys.modules:  # imported before this ran: patch it now
+                patch(sys.modules[name])
