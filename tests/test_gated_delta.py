@@ -60,6 +60,24 @@ def _inputs(total):
     )
 
 
+def _recurrence(params, inputs, pool, rows, cu_seqlens, **verify):
+    """The step-by-step op as SGLang's decode (and, with `verify`, target-verify) calls it."""
+    q, k, v, a, b = inputs
+    return torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=params["A_log"],
+        dt_bias=params["dt_bias"],
+        q=q,
+        k=k,
+        v=v,
+        a=a,
+        b=b,
+        initial_state_source=pool,
+        initial_state_indices=rows,
+        cu_seqlens=cu_seqlens,
+        **verify,
+    )
+
+
 def test_chunked_prefill_matches_the_token_loop(params):
     """Ragged sequences across chunk boundaries, from pool states, one row padding (-1)."""
     lens = [150, 1, 64, 37]
@@ -91,17 +109,12 @@ def test_verify_form_keeps_every_step_and_leaves_the_pool_alone(params):
     before = pool.clone()
     rows = torch.tensor([4, 0, 3], dtype=torch.int32)
     scratch = torch.zeros(bs + 1, steps, HV, V, K)
-    o = torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
-        A_log=params["A_log"],
-        dt_bias=params["dt_bias"],
-        q=q,
-        k=k,
-        v=v,
-        a=a,
-        b=b,
-        initial_state_source=pool,
-        initial_state_indices=rows,
-        cu_seqlens=torch.arange(0, bs * steps + 1, steps, dtype=torch.int32),
+    o = _recurrence(
+        params,
+        (q, k, v, a, b),
+        pool,
+        rows,
+        torch.arange(0, bs * steps + 1, steps, dtype=torch.int32),
         disable_state_update=True,
         intermediate_states_buffer=scratch,
         intermediate_state_indices=torch.arange(bs + 1, dtype=torch.int32),
@@ -123,18 +136,7 @@ def test_decode_form_advances_the_pool(params):
     pool = torch.randn(6, HV, V, K) * 0.3
     before = pool.clone()
     rows = torch.tensor([1, 5, -1, 2], dtype=torch.int32)
-    o = torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
-        A_log=params["A_log"],
-        dt_bias=params["dt_bias"],
-        q=q,
-        k=k,
-        v=v,
-        a=a,
-        b=b,
-        initial_state_source=pool,
-        initial_state_indices=rows,
-        cu_seqlens=torch.arange(bs + 1, dtype=torch.int32),
-    )
+    o = _recurrence(params, (q, k, v, a, b), pool, rows, torch.arange(bs + 1, dtype=torch.int32))
     for i in [0, 1, 3]:
         want_o, want_states = reference_delta_rule(
             q[0, i : i + 1], k[0, i : i + 1], v[0, i : i + 1], a[i : i + 1], b[i : i + 1],
@@ -260,23 +262,22 @@ def test_verify_window_equals_decode_steps_with_a_bf16_recurrent_state(params):
     q, k, v, a, b = _inputs(bs * steps)
     start = (torch.randn(3, HV, V, K) * 0.3).to(torch.bfloat16)
     rows = torch.tensor([2, 0], dtype=torch.int32)
-    op = torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu
-    common = dict(A_log=params["A_log"], dt_bias=params["dt_bias"], initial_state_indices=rows)
-
     pool, decoded, kept = start.clone(), [], []
     for t in range(steps):
         at = [i * steps + t for i in range(bs)]
-        decoded.append(
-            op(q=q[:, at], k=k[:, at], v=v[:, at], a=a[at], b=b[at], initial_state_source=pool,
-               cu_seqlens=torch.arange(bs + 1, dtype=torch.int32), **common)[0]
-        )  # fmt: skip
+        step = (q[:, at], k[:, at], v[:, at], a[at], b[at])
+        decoded.append(_recurrence(params, step, pool, rows, torch.arange(bs + 1, dtype=torch.int32))[0])
         kept.append(pool[rows.long()].clone())
     scratch = torch.zeros(bs, steps, HV, V, K, dtype=torch.bfloat16)
-    out = op(
-        q=q, k=k, v=v, a=a, b=b, initial_state_source=start.clone(),
-        cu_seqlens=torch.arange(0, bs * steps + 1, steps, dtype=torch.int32), disable_state_update=True,
-        intermediate_states_buffer=scratch, intermediate_state_indices=torch.arange(bs, dtype=torch.int32),
-        **common,
-    )[0].view(bs, steps, HV, V)  # fmt: skip
+    out = _recurrence(
+        params,
+        (q, k, v, a, b),
+        start.clone(),
+        rows,
+        torch.arange(0, bs * steps + 1, steps, dtype=torch.int32),
+        disable_state_update=True,
+        intermediate_states_buffer=scratch,
+        intermediate_state_indices=torch.arange(bs, dtype=torch.int32),
+    )[0].view(bs, steps, HV, V)
     torch.testing.assert_close(out, torch.stack(decoded, 1), atol=1e-6, rtol=0)
     assert torch.equal(scratch, torch.stack(kept, 1))
