@@ -348,7 +348,10 @@ def test_every_kind_of_request_in_one_batch(dflash, reference):
     grammar) requests arrive staggered, so they share prefill, mixed and decode batches."""
     want = reference
     grammar = [_grammar_request(name, p) for name, p in GRAMMAR_CASES[::3]]
-    sampled = [dict(input_ids=p, sampling_params=dict(max_new_tokens=20, temperature=0.9)) for p in PROMPTS]
+    sampled = [  # ignore_eos: a sampled row may draw EOS (token 0), and these must run 20 tokens
+        dict(input_ids=p, sampling_params=dict(max_new_tokens=20, temperature=0.9, ignore_eos=True))
+        for p in PROMPTS
+    ]
     sampled_grammar = [_grammar_request(name, p, s={"temperature": 1.0}) for name, p in GRAMMAR_CASES[1::5]]
     groups = [
         grammar,
