@@ -2,7 +2,9 @@
 
 1. Ship `sglang_dflash_cpu.pth` at the top of site-packages. It lets SGLang's CPU engine import
    `sgl_kernel` on hosts without its CPU build (see sglang_dflash/cpu/bootstrap.py); it must sit
-   next to the packages, not inside one.
+   next to the packages, not inside one. A regular wheel gets it from `build_py`; an editable
+   install (`pip install -e .`) builds its wheel without copying build outputs, so
+   `EditableWheel` writes it in.
 2. Build the CUDA extension `sglang_dflash._C` (sources in cuda/) when a CUDA toolkit is found.
    Without it the package runs its pure-PyTorch reference ops. Build it against the installed
    torch: `pip install --no-build-isolation .`
@@ -20,6 +22,7 @@ import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 PTH = "sglang_dflash_cpu.pth"
 DEFAULT_ARCHS = "80;90;100;120"
@@ -32,6 +35,32 @@ class BuildPy(build_py):
 
     def get_outputs(self, include_bytecode=True):
         return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
+
+
+class EditableWheel(editable_wheel):
+    """`pip install -e .`: the editable wheel carries the .pth too."""
+
+    def _select_strategy(self, *args, **kwargs):
+        # setuptools writes an editable wheel through a strategy object (64 <= version, at
+        # least up to 84); the wrapper adds one file to what the strategy writes.
+        return _WithPth(super()._select_strategy(*args, **kwargs))
+
+
+class _WithPth:
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def __call__(self, wheel, files, mapping):
+        self.strategy(wheel, files, mapping)
+        with open(PTH, "rb") as f:
+            wheel.writestr(PTH, f.read())
+
+    def __enter__(self):
+        self.strategy.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.strategy.__exit__(*exc)
 
 
 def _build_mode() -> str:
@@ -112,4 +141,4 @@ def _cuda_extension_kwargs() -> dict:
 
 
 kwargs = _cuda_extension_kwargs()
-setup(cmdclass={"build_py": BuildPy, **kwargs.pop("cmdclass", {})}, **kwargs)
+setup(cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel, **kwargs.pop("cmdclass", {})}, **kwargs)
