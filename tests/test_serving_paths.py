@@ -133,7 +133,9 @@ def test_abort_mid_generation(engine, expected):
 
 
 def test_sampled_request_completes(engine):
-    o = engines.generate(engine, [SHORT[0]], {"max_new_tokens": 8, "temperature": 0.8, "ignore_eos": True}, 1)[0]
+    o = engines.generate(
+        engine, [SHORT[0]], {"max_new_tokens": 8, "temperature": 0.8, "ignore_eos": True}, 1
+    )[0]
     assert len(o["output_ids"]) == 8
 
 
