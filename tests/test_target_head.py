@@ -1,0 +1,112 @@
+"""The draft's borrowed embedding and LM head (`target_head.TargetHead`), through the wrappers
+SGLang may put around them, against what the target itself computes."""
+
+import pytest
+import torch
+from torch import nn
+
+from sglang_dflash.target_head import TargetHead
+
+pytestmark = pytest.mark.sglang  # imports SGLang's layers
+
+H, V, PADDED = 16, 40, 48  # hidden size, real vocab, vocab padded as SGLang pads its heads
+
+
+class Target(nn.Module):
+    def __init__(self, embed, lm_head):
+        super().__init__()
+        self.embed_tokens, self.lm_head = embed, lm_head
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+
+def _linear_head(weight):
+    head = nn.Module()
+    head.weight = nn.Parameter(weight, requires_grad=False)
+    return head
+
+
+def test_dense_head_drops_the_padding_rows():
+    torch.manual_seed(0)
+    weight = torch.randn(PADDED, H)
+    head = TargetHead(Target(nn.Embedding(V, H), _linear_head(weight)), V)
+    hidden = torch.randn(3, 5, H)
+    assert head.kind == "dense"
+    torch.testing.assert_close(head.logits(hidden), hidden @ weight[:V].T)
+
+
+class Int8RowwiseLinearMethod:
+    """A quantized head's method: int8 weights with per-row scales, dequantized in `apply`."""
+
+    def apply(self, layer, x, bias=None):
+        return x @ (layer.weight.float() * layer.scales[:, None]).T
+
+
+def test_quantized_head_goes_through_its_quant_method():
+    torch.manual_seed(1)
+    weight = torch.randint(-127, 128, (PADDED, H), dtype=torch.int8)
+    lm_head = _linear_head(weight)
+    lm_head.scales = torch.rand(PADDED) / 64
+    lm_head.quant_method = Int8RowwiseLinearMethod()
+    head = TargetHead(Target(nn.Embedding(V, H), lm_head), V)
+    hidden = torch.randn(2, 7, H)
+    want = hidden @ (weight.float() * lm_head.scales[:, None])[:V].T  # what the target's logits are
+    assert head.kind == "quantized (Int8RowwiseLinearMethod)"
+    got = head.logits(hidden)
+    assert got.shape == (2, 7, V)
+    torch.testing.assert_close(got, want)
+    # The raw int8 weights would give other proposals (so the check can fail).
+    assert not torch.equal((hidden @ weight[:V].float().T).argmax(-1), want.argmax(-1))
+
+
+def test_lora_wrappers_are_unwrapped():
+    from sglang.srt.lora.layers import BaseLayerWithLoRA
+
+    torch.manual_seed(2)
+    embed, weight = nn.Embedding(V, H), torch.randn(V, H)
+
+    def wrap(base):
+        wrapper = object.__new__(BaseLayerWithLoRA)
+        nn.Module.__init__(wrapper)
+        wrapper.base_layer = base
+        return wrapper
+
+    head = TargetHead(Target(wrap(embed), wrap(_linear_head(weight))), V)
+    assert head.embed is embed
+    assert torch.equal(head.weight, weight)
+
+
+def test_multimodal_wrapper_uses_its_language_models_head():
+    torch.manual_seed(3)
+    weight = torch.randn(V, H)
+    language_model = Target(nn.Embedding(V, H), _linear_head(weight))
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model = language_model
+
+        def get_input_embeddings(self):
+            return language_model.get_input_embeddings()
+
+    head = TargetHead(Wrapper(), V)
+    assert torch.equal(head.weight, weight)
+
+    class Headless(nn.Module):
+        def get_input_embeddings(self):
+            return nn.Embedding(V, H)
+
+    with pytest.raises(ValueError, match="cannot find the LM head of Headless"):
+        TargetHead(Headless(), V)
+
+
+def test_scaled_embeddings_are_what_the_target_feeds_its_first_layer():
+    """Gemma multiplies its embeddings by sqrt(hidden) inside the embedding module."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    torch.manual_seed(4)
+    embed = Gemma3TextScaledWordEmbedding(V, H, padding_idx=0, embed_scale=H**0.5)
+    head = TargetHead(Target(embed, _linear_head(torch.randn(V, H))), V)
+    ids = torch.tensor([3, 9, 27])
+    torch.testing.assert_close(head.embed(ids), embed.weight[ids] * H**0.5)
