@@ -8,11 +8,48 @@ Invariant: every slot that holds a *committed* token in the target's KV pool hol
 context K/V here (written in the same step as its target KV). Other slots hold garbage that is
 never read, because every read is bounded by the committed `seq_lens`. Slot 0 is SGLang's
 padding sink: writes that must be dropped are redirected there.
+
+Its dtype is the draft KV dtype SGLang resolves and budgets for (`resolve_draft_kv_dtype`), so
+`--kv-cache-dtype fp8_e4m3` (or `--speculative-draft-kv-cache-dtype`) stores fp8: writes cast
+with scale 1, as SGLang's own pools do for a layer without checkpoint KV scales (DFlash drafts
+ship none), and readers upcast to the query dtype.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def resolve_draft_kv_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The draft KV dtype: `--speculative-draft-kv-cache-dtype`, else `--kv-cache-dtype`, else the
+    model dtype, resolved by SGLang's own function with the arguments its pool budget passes
+    (`mem_cache/draft_kv_budget.py`), so the store costs the bytes per token SGLang set aside."""
+    from sglang.srt.mem_cache.kv_cache_dtype import configure_kv_cache_dtype
+    from sglang.srt.runtime_context import get_model, get_spec
+
+    _, dtype = configure_kv_cache_dtype(
+        server_args_kv_cache_dtype=get_model().kv_cache_dtype,
+        speculative_draft_kv_cache_dtype=get_spec().speculative_draft_kv_cache_dtype,
+        model=None,
+        model_dtype=model_dtype,
+        is_draft_worker=True,
+        is_dflash=True,
+        speculative_draft_attention_backend=get_spec().speculative_draft_attention_backend,
+    )
+    return dtype
+
+
+def kv_cache_region():
+    """SGLang's memory-saver region for KV caches (`--enable-memory-saver`): what is allocated
+    inside is released and re-mapped with the target's KV pools by `release_memory_occupation`
+    / `resume_memory_occupation` (tag "kv_cache"), so an RL trainer gets the draft's memory back
+    too. Without the flag it is a no-op context."""
+    from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
+
+    adapter = TorchMemorySaverAdapter.create(enable=get_exec().features.enable_memory_saver)
+    return adapter.region(GPU_MEMORY_TYPE_KV_CACHE)
 
 
 class DraftKVStore:

@@ -1,0 +1,108 @@
+"""The draft KV store's dtype, bytes and memory region, against SGLang's own resolution, budget
+and memory saver; and an fp8 store read by the SDPA draft attention, against SDPA over the same
+K/V rounded through fp8 (SGLang's CPU engine serves an fp8 KV cache only with Intel AMX, so
+this is where the fp8 path is checked on CPU)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dflash.attention import SdpaDraftAttention
+from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
+from tests.tiny_models import draft_config_dict
+
+pytestmark = pytest.mark.sglang  # imports SGLang's resolution and budget functions
+
+
+def _runtime(monkeypatch, kv_cache_dtype, draft_kv_cache_dtype=None, memory_saver=False):
+    import sglang.srt.runtime_context as rc
+
+    monkeypatch.setattr(rc, "get_model", lambda: SimpleNamespace(kv_cache_dtype=kv_cache_dtype))
+    spec = SimpleNamespace(
+        speculative_draft_kv_cache_dtype=draft_kv_cache_dtype, speculative_draft_attention_backend=None
+    )
+    monkeypatch.setattr(rc, "get_spec", lambda: spec)
+    features = SimpleNamespace(enable_memory_saver=memory_saver)
+    monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(features=features))
+
+
+@pytest.mark.parametrize(
+    "kv, draft_kv, want",
+    [
+        ("auto", None, torch.bfloat16),
+        ("fp8_e4m3", None, torch.float8_e4m3fn),
+        ("fp8_e4m3", "bf16", torch.bfloat16),
+        ("auto", "fp8_e4m3", torch.float8_e4m3fn),
+    ],
+)
+def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv, want):
+    from sglang.srt.speculative.dflash_utils import dflash_draft_cell_size_per_token
+
+    _runtime(monkeypatch, kv, draft_kv)
+    dtype = resolve_draft_kv_dtype(torch.bfloat16)
+    assert dtype == want
+    layers, kv_heads, head_dim, slots = 3, 2, 16, 100
+    store = DraftKVStore(
+        num_slots=slots,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device="cpu",
+    )
+    draft_model_config = SimpleNamespace(
+        get_num_kv_heads=lambda tp: kv_heads // tp, head_dim=head_dim, v_head_dim=head_dim
+    )
+    per_token = dflash_draft_cell_size_per_token(
+        draft_model_config=draft_model_config, draft_num_layers=layers, draft_kv_cache_dtype=dtype, tp_size=1
+    )
+    assert store.nbytes == slots * per_token
+
+
+def test_fp8_store_round_trips_through_sdpa_draft_attention():
+    torch.manual_seed(0)
+    config = DFlashDraftConfig.from_dict(draft_config_dict())
+    kv_heads, d, heads, block = config.num_key_value_heads, config.head_dim, config.num_attention_heads, 4
+    shape = dict(num_slots=64, num_layers=1, num_kv_heads=kv_heads, head_dim=d, device="cpu")
+    fp8 = DraftKVStore(dtype=torch.float8_e4m3fn, **shape)
+    exact = DraftKVStore(dtype=torch.float32, **shape)
+    rounded = DraftKVStore(dtype=torch.float32, **shape)  # the oracle: K/V rounded through fp8
+    slots = torch.randperm(63)[:40] + 1
+    k, v = torch.randn(1, 40, kv_heads, d), torch.randn(1, 40, kv_heads, d)
+    for store in (fp8, exact):
+        store.write(slots, k, v)
+    rounded.write(slots, k.to(torch.float8_e4m3fn).float(), v.to(torch.float8_e4m3fn).float())
+    assert fp8.nbytes * 4 == exact.nbytes
+
+    req_to_token = torch.zeros(2, 32, dtype=torch.int64)
+    req_to_token[0, :25], req_to_token[1, :15] = slots[:25], slots[25:]
+    lens = torch.tensor([25, 15])
+    q = torch.randn(2 * block, heads, d)
+    kb, vb = torch.randn(2 * block, kv_heads, d), torch.randn(2 * block, kv_heads, d)
+
+    def attend(store):
+        attention = SdpaDraftAttention(config, store).bind(req_to_token, torch.arange(2), lens, lens, block)
+        return attention(0, q, kb, vb)
+
+    got, want, unrounded = attend(fp8), attend(rounded), attend(exact)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert (got - unrounded).abs().max() > 1e-3  # the store really holds fp8
+    torch.testing.assert_close(got, unrounded, rtol=0.1, atol=0.1)
+
+
+def test_persistent_buffers_go_to_the_memory_savers_kv_region(monkeypatch):
+    from sglang.srt.utils import torch_memory_saver_adapter as tms
+
+    regions = []
+    monkeypatch.setattr(
+        tms._TorchMemorySaverAdapterReal, "region", lambda self, tag, **kw: regions.append(tag)
+    )
+    _runtime(monkeypatch, "auto", memory_saver=True)
+    kv_cache_region()
+    assert regions == ["kv_cache"]
+    _runtime(monkeypatch, "auto", memory_saver=False)
+    with kv_cache_region():  # a no-op without --enable-memory-saver
+        pass
+    assert regions == ["kv_cache"]
