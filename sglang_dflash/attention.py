@@ -2,7 +2,9 @@
 
 `visibility` is the one statement of which keys a query sees (used by serving and training).
 `SdpaDraftAttention` is the PyTorch path used on CPU: it gathers each request's context K/V from
-the draft KV store into a padded batch and runs `scaled_dot_product_attention`.
+the draft KV store into a padded batch and runs `scaled_dot_product_attention`. With a context
+window W (`--speculative-draft-window-size`) a block sees only its request's last W committed
+tokens (`block.context_window`), on top of what `visibility` allows per layer.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.block import gather_slots
+from sglang_dflash.block import context_window, gather_slots
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
@@ -71,9 +73,10 @@ class SdpaDraftAttention:
     Shapes: bs requests, Bd block tokens each, C = longest committed context in the batch.
     """
 
-    def __init__(self, config: DFlashDraftConfig, store: DraftKVStore):
+    def __init__(self, config: DFlashDraftConfig, store: DraftKVStore, context_window: Optional[int] = None):
         self.config = config
         self.store = store
+        self.context_window = context_window
         self.scale = config.head_dim**-0.5
 
     def bind(
@@ -91,19 +94,19 @@ class SdpaDraftAttention:
         """
         bs = context_lens.shape[0]
         c = min(int(context_lens_cpu.max()), req_to_token.shape[1])
+        if self.context_window is not None:
+            c = min(c, self.context_window)
         device = context_lens.device
-        # [bs, C] slot ids of every request's context; entries past its length are masked.
-        self.context_slots = gather_slots(req_to_token, req_pool_indices, 0, c)
+        start, visible = context_window(context_lens, self.context_window)  # [bs], [bs]
+        # [bs, C] slot ids of every request's visible context, from `start`; entries past its
+        # visible length are masked (start + C stays in the row: start > 0 only when C <= W).
+        self.context_slots = gather_slots(req_to_token, req_pool_indices, start, c)
         self.bs, self.block_size = bs, block_size
-        offs = torch.arange(block_size, device=device)
-        q_pos = context_lens[:, None] + offs  # [bs, Bd]
-        k_pos = torch.cat([torch.arange(c, device=device).expand(bs, c), q_pos], dim=1)
+        cols = torch.arange(c, device=device)
+        q_pos = context_lens[:, None] + torch.arange(block_size, device=device)  # [bs, Bd]
+        k_pos = torch.cat([start[:, None] + cols, q_pos], dim=1)  # [bs, C + Bd], absolute
         k_valid = torch.cat(
-            [
-                torch.arange(c, device=device)[None, :] < context_lens[:, None],
-                torch.ones_like(q_pos, dtype=torch.bool),
-            ],
-            dim=1,
+            [cols[None, :] < visible[:, None], torch.ones_like(q_pos, dtype=torch.bool)], dim=1
         )  # [bs, C + Bd]
         masks: dict[tuple, torch.Tensor] = {}
         self.masks = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -40,6 +42,19 @@ def gather_slots(
     else:
         cols = (start + cols).expand(req_pool_indices.shape[0], width)
     return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols].to(torch.int64)
+
+
+def context_window(context_lens: torch.Tensor, window: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The committed context a draft block attends to (`--speculative-draft-window-size`): each
+    request's last `window` tokens, or all of them when `window` is None.
+
+    context_lens [bs] -> start [bs], visible_lens [bs]; the block sees `[start, start + visible)`.
+    E.g., context_lens=[3, 10], window=4 -> start [0, 6], visible_lens [3, 4].
+    """
+    if window is None:
+        return torch.zeros_like(context_lens), context_lens
+    visible = context_lens.clamp(max=window)
+    return context_lens - visible, visible
 
 
 def extend_positions(

@@ -9,7 +9,10 @@ size 1) of length C_i + Bd:
     [req_to_token[r_i, 0:C_i] ; scratch slots of row i]
 
 and its Bd queries sit at positions C_i .. C_i+Bd-1, aligned with the end of that sequence,
-which is exactly how FlashInfer defines its causal and sliding-window masks. One paged prefill
+which is exactly how FlashInfer defines its causal and sliding-window masks. With a context
+window W (`--speculative-draft-window-size`) the context part is the last min(C_i, W) committed
+slots instead, `req_to_token[r_i, C_i - V_i : C_i]`: a contiguous suffix, so distances, and with
+them the masks, are unchanged. One paged prefill
 per layer then gives `visibility(...)`: full-attention layers non-causal, sliding layers with
 `window_left = sliding_window - 1` (causal or not, per `DFlashDraftConfig.layer_is_causal`).
 
@@ -30,6 +33,7 @@ from typing import Optional
 
 import torch
 
+from sglang_dflash.block import context_window
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
@@ -88,19 +92,24 @@ def paged_layout(
     context_lens_cpu: torch.Tensor,
     block_size: int,
     scratch_base: int,
+    window: Optional[int] = None,
 ) -> PagedLayout:
-    """Each request's keys as slot ids: its committed context, then its block's scratch slots.
+    """Each request's keys as slot ids: its visible committed context (the last `window` tokens,
+    or all), then its block's scratch slots.
 
     req_to_token [pool, max_len], req_pool_indices [bs], context_lens [bs] (device, exact),
     context_lens_cpu [bs] (host, >= context_lens). Device work only; no host sync.
     E.g., C = [2, 1], Bd = 2, scratch_base = 100, rows r0 -> [5, 6, ...], r1 -> [9, ...]:
-    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103].
+    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103]; with window = 1,
+    kv_indptr = [0, 3, 6], kv_indices = [6, 100, 101, 9, 102, 103].
     """
     bs, device = context_lens.shape[0], context_lens.device
-    lens = context_lens.to(torch.int32) + block_size
+    start, visible = context_window(context_lens, window)  # [bs], [bs]
+    visible_cpu = context_lens_cpu if window is None else context_lens_cpu.clamp(max=window)
+    lens = visible.to(torch.int32) + block_size
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
     torch.cumsum(lens, dim=0, dtype=torch.int32, out=kv_indptr[1:])
-    host_lens = context_lens_cpu.to(torch.int32) + block_size
+    host_lens = visible_cpu.to(torch.int32) + block_size
     kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
     torch.cumsum(host_lens, dim=0, dtype=torch.int32, out=kv_indptr_host[1:])
     total_bound = int(kv_indptr_host[-1])
@@ -110,8 +119,8 @@ def paged_layout(
     # are never read.
     row = torch.searchsorted(kv_indptr[1:], t, right=True).clamp_(max=bs - 1)
     offset = t - kv_indptr[row]
-    row_context = context_lens.to(torch.int32)[row]
-    col = offset.clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
+    row_context = visible.to(torch.int32)[row]
+    col = (start.to(torch.int32)[row] + offset).clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
     context_slot = req_to_token[req_pool_indices.to(torch.int64)[row], col].to(torch.int32)
     block_slot = scratch_base + row * block_size + (offset - row_context)
     kv_indices = torch.where(offset < row_context, context_slot, block_slot).to(torch.int32)
@@ -134,6 +143,8 @@ class FlashInferDraftAttention:
         *,
         scratch_base: int,
         max_batch_size: int,
+        context_window: Optional[int] = None,
+        q_dtype: Optional[torch.dtype] = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ):
         reason = unavailable_reason(config, store.k.device)
@@ -152,6 +163,8 @@ class FlashInferDraftAttention:
         self.store = store
         self.scratch_base = scratch_base
         self.max_batch_size = max_batch_size
+        self.context_window = context_window
+        self.q_dtype = q_dtype or store.k.dtype  # the draft's compute dtype; the store may be fp8
         self.scale = config.head_dim**-0.5
         self.kinds = [layer_kind(config, i) for i in range(config.num_hidden_layers)]
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=store.k.device)
@@ -183,9 +196,14 @@ class FlashInferDraftAttention:
             raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
         self.bs, self.block_size = bs, block_size
         layout = paged_layout(
-            req_to_token, req_pool_indices, context_lens, context_lens_cpu, block_size, self.scratch_base
+            req_to_token,
+            req_pool_indices,
+            context_lens,
+            context_lens_cpu,
+            block_size,
+            self.scratch_base,
+            self.context_window,
         )
-        dtype = self.store.k.dtype
         for kind, wrapper in self.wrappers.items():
             wrapper.plan(
                 layout.qo_indptr_host,
@@ -199,8 +217,8 @@ class FlashInferDraftAttention:
                 causal=kind.causal,
                 window_left=kind.window_left,
                 sm_scale=self.scale,
-                q_data_type=dtype,
-                kv_data_type=dtype,
+                q_data_type=self.q_dtype,
+                kv_data_type=self.store.k.dtype,
                 non_blocking=True,
             )
             wrapper._paged_kv_indptr_buf = layout.kv_indptr
@@ -211,7 +229,7 @@ class FlashInferDraftAttention:
         # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
         rows = slice(self.scratch_base, self.scratch_base + self.bs * self.block_size)
         k_cache, v_cache = self.store.k[layer_id], self.store.v[layer_id]  # [num_slots, kv_heads, d]
-        k_cache[rows] = k
+        k_cache[rows] = k  # cast to the store dtype
         v_cache[rows] = v
         wrapper = self.wrappers[self.kinds[layer_id]]
-        return wrapper.run(q.to(k_cache.dtype).contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
+        return wrapper.run(q.to(self.q_dtype).contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))

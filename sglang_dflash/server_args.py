@@ -39,11 +39,10 @@ def handle_dflash_server_args(server_args) -> None:
             raise ValueError(f"sglang-dflash does not support {field}={getattr(cfg, field)!r} with DFLASH")
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH speculative decoding requires --speculative-draft-model-path")
-    if cfg.speculative_draft_window_size is not None:
-        raise ValueError("sglang-dflash does not support --speculative-draft-window-size")
 
     path = resolve_checkpoint_dir(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
     draft = DFlashDraftConfig.from_pretrained(path)
+    _check_draft_window(cfg.speculative_draft_window_size, cfg.speculative_draft_sink_size, draft.block_size)
 
     for field in ("speculative_num_steps", "speculative_eagle_topk"):
         value = getattr(cfg, field)
@@ -70,6 +69,22 @@ def handle_dflash_server_args(server_args) -> None:
 
     if cfg.max_running_requests is None:
         declare_resolution(server_args, SOURCE, max_running_requests=48)
+
+
+def _check_draft_window(window, sink, block_size: int) -> None:
+    """`--speculative-draft-window-size W`: the draft attends to the last W committed tokens
+    plus its block (`block.context_window`). A window shorter than the draft's block would hide
+    context that the block itself spans, so, as SGLang's built-in DFLASH does, it is refused."""
+    if window is not None and int(window) < block_size:
+        raise ValueError(
+            f"--speculative-draft-window-size {window} is below the DFLASH draft's block size "
+            f"{block_size}; use a window of at least {block_size} tokens"
+        )
+    if sink is not None:
+        raise ValueError(
+            "--speculative-draft-sink-size is not supported with DFLASH (the draft keeps no attention "
+            "sink); use --speculative-draft-window-size alone"
+        )
 
 
 def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:

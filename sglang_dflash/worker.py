@@ -45,10 +45,11 @@ from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_bl
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.grammar import GrammarWindow
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
 from sglang_dflash.step_timer import StepTimer
+from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
@@ -131,13 +132,14 @@ class DFlashWorker(BaseSpecWorker):
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens)  # B, the verify width
         self.config.check_num_draft_tokens(self.num_draft_tokens)
         self.block_size = self.config.block_size  # Bd, the trained draft block
+        # --speculative-draft-window-size: the draft sees only the last W committed tokens.
+        self.context_window = spec.speculative_draft_window_size
 
         self.draft_model = DFlashDraftModel.from_pretrained(
             path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device
         )
         target = runner.model
-        self.embed_tokens = target.get_input_embeddings()
-        self.lm_head_weight = target.lm_head.weight[: self.vocab_size]  # drop vocab padding rows
+        self.head = TargetHead(target, self.vocab_size)  # the draft's embedding and LM head
         self.store: Optional[DraftKVStore] = None
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
 
@@ -161,8 +163,8 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d device=%s dtype=%s grammar_aware_proposals=%s hidden_states=%s "
-            "linear_attention_state_commit=%s%s%s",
+            "verify_width=%d draft_window=%s device=%s dtype=%s lm_head=%s grammar_aware_proposals=%s "
+            "hidden_states=%s linear_attention_state_commit=%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -170,8 +172,10 @@ class DFlashWorker(BaseSpecWorker):
             list(layer_ids),
             self.block_size,
             self.num_draft_tokens,
+            self.context_window,
             self.device,
             runner.dtype,
+            self.head.kind,
             self.grammar_window.propose,
             self.returns_hidden_states,
             self.linear_state is not None,
@@ -201,19 +205,26 @@ class DFlashWorker(BaseSpecWorker):
         scratch = 0
         if self.flashinfer_unavailable is None:
             scratch = flashinfer_attention.num_scratch_slots(max_bs, self.block_size)
-        self.store = DraftKVStore(
-            num_slots=num_slots + scratch,
-            num_layers=self.config.num_hidden_layers,
-            num_kv_heads=self.config.num_key_value_heads,
-            head_dim=self.config.head_dim,
-            dtype=self.model_runner.dtype,
-            device=self.device,
-        )
-        self.attention = self._choose_attention(num_slots)
+        # Every persistent buffer sits in SGLang's memory-saver KV region, with the target's pools.
+        with kv_cache_region():
+            self.store = DraftKVStore(
+                num_slots=num_slots + scratch,
+                num_layers=self.config.num_hidden_layers,
+                num_kv_heads=self.config.num_key_value_heads,
+                head_dim=self.config.head_dim,
+                dtype=resolve_draft_kv_dtype(self.model_runner.dtype),
+                device=self.device,
+            )
+            self.attention = self._choose_attention(num_slots)
+            self.verifier = Verifier(max_bs, self.vocab_size, self.device)
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
-        self.verifier = Verifier(req_to_token_pool.req_to_token.shape[0], self.vocab_size, self.device)
-        logger.info("DFLASH draft KV store: %d slots, %.1f MB", num_slots, self.store.nbytes / 2**20)
+        logger.info(
+            "DFLASH draft KV store: %d slots, %s, %.1f MB",
+            num_slots,
+            self.store.k.dtype,
+            self.store.nbytes / 2**20,
+        )
 
     def _choose_attention(self, num_target_slots: int):
         """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""
@@ -224,9 +235,11 @@ class DFlashWorker(BaseSpecWorker):
                 self.store,
                 scratch_base=num_target_slots,
                 max_batch_size=self.req_to_token_pool.req_to_token.shape[0],
+                context_window=self.context_window,
+                q_dtype=self.model_runner.dtype,
             )
         self.attention_name = f"torch-sdpa ({self.flashinfer_unavailable})"
-        return SdpaDraftAttention(self.config, self.store)
+        return SdpaDraftAttention(self.config, self.store, self.context_window)
 
     def server_info(self) -> str:
         return f"{IMPL_NAME} {__version__}"
@@ -290,7 +303,8 @@ class DFlashWorker(BaseSpecWorker):
             verify_slots = gather_slots(
                 self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, width
             )  # [bs, B]
-            logits_output, can_run_cuda_graph = self._verify(batch, candidates, positions, verify_slots)
+            verified = self._verify(batch, candidates, positions, verify_slots)
+            logits_output = verified.logits_output
 
         with self.timer.phase("accept"):
             logits = logits_output.next_token_logits  # [bs*B, V]
@@ -331,10 +345,14 @@ class DFlashWorker(BaseSpecWorker):
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
-            can_run_cuda_graph=can_run_cuda_graph,
+            can_run_cuda_graph=verified.can_run_cuda_graph,
             next_draft_input=make_draft_input(new_bonus, new_seq_lens),
             speculative_num_draft_tokens=width,
             new_seq_lens=new_seq_lens,
+            # Captured per verify slot; a rejected slot is rewritten by the next verify of its
+            # position, so each committed slot ends up with its committed token's values.
+            routed_experts_output=verified.routed_experts_output,
+            indexer_topk_output=verified.indexer_topk_output,
         )
 
     def _draft(self, batch: ScheduleBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -359,12 +377,12 @@ class DFlashWorker(BaseSpecWorker):
         attend = self.attention.bind(
             self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
         )
-        embeds = self.embed_tokens(block_ids.view(-1))
+        embeds = self.head.embed(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
-        draft_logits = hidden[:, 1:width] @ self.lm_head_weight.T  # [bs, B-1, V]
+        draft_logits = self.head.logits(hidden[:, 1:width])  # [bs, B-1, V]
         return block_ids[:, :width], block_positions[:, :width], draft_logits
 
-    def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots):
+    def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots) -> GenerationBatchResult:
         """One TARGET_VERIFY forward of the target over the window, a plain causal chain."""
         verify_input = DFlashVerifyInput(
             draft_token=candidates.reshape(-1),
@@ -381,10 +399,9 @@ class DFlashWorker(BaseSpecWorker):
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
-        result = self.target_worker.forward_batch_generation(
+        return self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True
         )
-        return result.logits_output, result.can_run_cuda_graph
 
     def _forward_idle(self, on_publish) -> GenerationBatchResult:
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)

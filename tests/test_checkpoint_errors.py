@@ -104,6 +104,29 @@ def test_target_layer_ids_out_of_range(tiny):
 
 
 @pytest.mark.sglang
+def test_draft_window_below_the_block_size(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-draft-window-size 12 is below the DFLASH draft's block size 16",
+        error_type=ValueError,
+        speculative_draft_window_size=12,
+    )
+
+
+@pytest.mark.sglang
+def test_draft_sink_is_refused(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-draft-sink-size is not supported with DFLASH",
+        error_type=ValueError,
+        speculative_draft_window_size=32,
+        speculative_draft_sink_size=4,
+    )
+
+
+@pytest.mark.sglang
 def test_num_draft_tokens_above_block_size(tiny):
     _expect_startup_error(
         tiny.target("a"),

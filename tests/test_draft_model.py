@@ -115,10 +115,12 @@ def _load_reference(path: str):
 
 
 @torch.no_grad()
-def _reference_block(ref, features: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """One request: features [C, K*H], noise [B, H] at positions C..C+B-1 -> hidden [B, H]."""
+def _reference_block(ref, features: torch.Tensor, noise: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """One request: features [C, K*H], noise [B, H] at positions C..C+B-1 -> hidden [B, H].
+    With `start`, the reference sees only the context from position `start` on."""
     c, b = features.shape[0], noise.shape[0]
-    position_ids = torch.arange(c + b)[None]
+    features = features[start:]
+    position_ids = torch.arange(start, c + b)[None]
     out = ref(position_ids=position_ids, noise_embedding=noise[None], target_hidden=features[None])
     return out[0]
 
@@ -131,12 +133,14 @@ def _serving_block(
     *,
     seed: int = 0,
     block_offset: int = 0,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Serving path for a batch: features[i] [C_i, K*H], noise [bs, B, H] -> hidden [bs, B, H].
 
     Context K/V are injected at scattered slot ids of a store whose other slots hold large
     garbage (slot 0 is the padding sink), so a read past a request's context cannot go unseen.
-    `block_offset` moves the block's positions (a deliberate bug for the negative control).
+    `block_offset` moves the block's positions (a deliberate bug for the negative control);
+    `window` is `--speculative-draft-window-size`.
     """
     config = model.config
     bs, b, _ = noise.shape
@@ -163,7 +167,9 @@ def _serving_block(
     for i, row in enumerate(slot_rows):
         context_slots[i, : row.shape[0]] = row
     # The host lengths given to bind are an upper bound, as in serving.
-    attend = SdpaDraftAttention(config, store).bind(context_slots, torch.arange(bs), lens, lens + 3, b)
+    attend = SdpaDraftAttention(config, store, window).bind(
+        context_slots, torch.arange(bs), lens, lens + 3, b
+    )
     block_positions = lens[:, None] + torch.arange(b) + block_offset  # [bs, B]
     hidden = model(noise.reshape(bs * b, -1), block_positions.reshape(-1), attend)
     return hidden.view(bs, b, -1)
@@ -241,3 +247,25 @@ def test_prefixed_weights_load_in_both(checkpoints):
         assert torch.equal(p, ref_params[name]), name
     assert list(ref.target_layer_ids) == [4, 0, 2]
     assert ours.num_target_features == 3
+
+
+@pytest.mark.parametrize("name", ["gqa4/1-hd32-3layers", "sliding-causal", "sliding-noncausal"])
+def test_context_window_matches_reference_on_the_last_w_tokens(checkpoints, name):
+    """--speculative-draft-window-size W: each block sees its request's last W committed tokens
+    (at their absolute positions) and its own block, as the reference does when given only
+    those tokens; requests shorter than W see all of theirs."""
+    path = checkpoints[name]
+    ours, ref = _load_ours(path), _load_reference(path)
+    window, context_lens = 10, [25, 6, 10, 11]
+    features, noise = _random_inputs(ours, context_lens, seed=8)
+
+    got = _serving_block(ours, features, noise, seed=9, window=window)
+    full = _serving_block(ours, features, noise, seed=9)
+    for i, c in enumerate(context_lens):
+        want = _reference_block(ref, features[i], noise[i], start=max(0, c - window))
+        torch.testing.assert_close(got[i], want, **TOL, msg=lambda m, i=i: f"request {i}: {m}")
+        if c > window:  # the window hides context: the proposals change (so this test can fail)
+            lm_head = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0))
+            assert not torch.equal((got[i] @ lm_head.T).argmax(-1), (full[i] @ lm_head.T).argmax(-1))
+        else:
+            torch.testing.assert_close(got[i], full[i], **TOL)

@@ -57,20 +57,23 @@ def make_req_to_token(context_lens: list[int], num_slots: int, seed: int = 0):
 # ----------------------------------------------------------------------------- CPU
 
 
+@pytest.mark.parametrize("window", [None, 5], ids=["all-context", "window-5"])
 @pytest.mark.parametrize("slack", [0, 5], ids=["exact-host-lens", "upper-bound-host-lens"])
-def test_paged_layout_lists_context_then_scratch(slack):
+def test_paged_layout_lists_context_then_scratch(slack, window):
     context_lens = [3, 1, 40, 7]
     scratch_base = 1000
     req_to_token, rows = make_req_to_token(context_lens, 500)
     lens = torch.tensor(context_lens)
-    layout = fia.paged_layout(req_to_token, rows, lens, lens + slack, BLOCK, scratch_base)
-    expected, indptr = [], [0]
+    layout = fia.paged_layout(req_to_token, rows, lens, lens + slack, BLOCK, scratch_base, window)
+    expected, indptr, host = [], [0], [0]
     for i, (row, c) in enumerate(zip(rows.tolist(), context_lens)):
-        expected += req_to_token[row, :c].tolist()
+        start = 0 if window is None else max(0, c - window)  # the last `window` tokens
+        expected += req_to_token[row, start:c].tolist()
         expected += [scratch_base + i * BLOCK + j for j in range(BLOCK)]
         indptr.append(len(expected))
+        host.append(host[-1] + min(c + slack, window or c + slack) + BLOCK)
     assert layout.kv_indptr.tolist() == indptr
-    assert layout.kv_indptr_host.tolist() == [p + slack * i for i, p in enumerate(indptr)]
+    assert layout.kv_indptr_host.tolist() == host
     assert layout.kv_indices.dtype == torch.int32
     assert layout.kv_indices.shape[0] == int(layout.kv_indptr_host[-1])
     assert layout.kv_indices[: indptr[-1]].tolist() == expected
@@ -151,7 +154,7 @@ def test_scratch_size():
 # ----------------------------------------------------------------------------- GPU
 
 
-def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtype):
+def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtype, window=None):
     """SdpaDraftAttention on the same store, in `dtype`."""
     c_max = int(lens.max())
     fp_store = DraftKVStore(
@@ -166,7 +169,7 @@ def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtyp
     fp_store.v.copy_(store.v)
     context_slots = req_to_token[rows.long()][:, :c_max].long().cuda()
     bs = context_slots.shape[0]
-    attend = SdpaDraftAttention(config, fp_store).bind(
+    attend = SdpaDraftAttention(config, fp_store, window).bind(
         context_slots, torch.arange(bs, device="cuda"), lens.cuda(), lens, BLOCK
     )
     return attend(layer_id, q.to(dtype), k.to(dtype), v.to(dtype))
@@ -178,8 +181,10 @@ def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtyp
 @pytest.mark.parametrize(
     "context_lens", [[1], [17, 300, 2000, 5], [4096, 1, 64]], ids=["bs1", "bs4", "bs3-long"]
 )
-def test_matches_sdpa(context_lens, slack):
-    """Full (non-causal), sliding causal and sliding non-causal layers, GQA 8/2, bf16."""
+@pytest.mark.parametrize("window", [None, 256], ids=["all-context", "draft-window-256"])
+def test_matches_sdpa(context_lens, slack, window):
+    """Full (non-causal), sliding causal and sliding non-causal layers, GQA 8/2, bf16; with and
+    without a context window (--speculative-draft-window-size)."""
     configs = [
         # full layers non-causal, sliding layers causal (the reference's default)
         make_config(["full_attention", "sliding_attention", "full_attention"], window=40),
@@ -202,7 +207,9 @@ def test_matches_sdpa(context_lens, slack):
         store.v.normal_()
         req_to_token, rows = make_req_to_token(context_lens, target_slots)
         lens = torch.tensor(context_lens)
-        attn = fia.FlashInferDraftAttention(cfg, store, scratch_base=target_slots, max_batch_size=max_bs)
+        attn = fia.FlashInferDraftAttention(
+            cfg, store, scratch_base=target_slots, max_batch_size=max_bs, context_window=window
+        )
         attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens + slack, BLOCK)
         committed = store.k[:, :target_slots].clone()
         n, heads, kvh, d = bs * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -211,8 +218,9 @@ def test_matches_sdpa(context_lens, slack):
             k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
             v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
             got = attn(layer_id, q, k, v)
-            want = sdpa_oracle(cfg, store, req_to_token, rows, lens, q, k, v, layer_id, torch.float32)
-            same_dtype = sdpa_oracle(cfg, store, req_to_token, rows, lens, q, k, v, layer_id, dtype)
+            inputs = (cfg, store, req_to_token, rows, lens, q, k, v, layer_id)
+            want = sdpa_oracle(*inputs, torch.float32, window)
+            same_dtype = sdpa_oracle(*inputs, dtype, window)
             err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
             assert got.shape == (n, heads, d)
             assert err <= max(2 * base, 1e-2), (layer_id, float(err), float(base))
