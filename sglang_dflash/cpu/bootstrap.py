@@ -121,6 +121,16 @@ def _mamba_auto_strategy_on_cpu(module) -> None:
     module.supports_mamba_cache_extra_buffer = supports_mamba_cache_extra_buffer
 
 
+def _host_buffers_unpinned_on_cpu(module) -> None:
+    """Host-side capture buffers (`--enable-return-routed-experts`) are pinned with
+    cudaHostRegister, which fails without a GPU; on the CPU engine they need no pinning."""
+
+    def alloc_unpinned(dims, dtype, device, pin_memory, allocator, **kwargs):
+        return allocator.allocate(dims, dtype=dtype, device=device)
+
+    module.ALLOC_MEMORY_FUNCS["cpu"] = alloc_unpinned
+
+
 PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
@@ -128,6 +138,7 @@ PATCHES = {
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm_on_cpu,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _commit_after_verify_on_cpu,
+    "sglang.srt.mem_cache.pool_host.common": _host_buffers_unpinned_on_cpu,
 }
 
 

@@ -1,0 +1,107 @@
+"""Greedy losslessness on the other target and pool shapes users serve, each against the same
+engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
+size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
+On the MoE target, --enable-return-routed-experts returns the same experts for every token.
+
+16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
+untrained draft "a" gets multi-token acceptances and the commit paths all run. The window test
+is the one that shows the window is applied: test_draft_model.py checks its semantics against
+the reference draft, and that proposals change once the context is longer than the window.
+
+Not here, because SGLang's CPU engine cannot serve them with torch_native: sliding-window
+targets (gpt-oss and Gemma-4 require GPU attention backends) and MLA targets (DeepSeek-V3,
+Kimi-K2.5: torch_native's SDPA cannot take MLA's head dims). Their pools are covered against
+real SGLang pool objects in test_target_pool.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests import engines
+from tests.tiny_models import make_family_target
+
+pytestmark = pytest.mark.sglang
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+PROMPTS = engines.prompts(16, seed=40, min_len=20, max_len=40)
+WINDOW = 16  # the draft's block size; shorter than every prompt
+
+# Tiny targets: family -> (seed, favour), chosen so that the favoured token is about half of
+# the greedy choices (see `make_family_target`); the draft then proposes it and is often right.
+TARGETS = {"llama": (3, 6.0), "mistral": (7, 5.0), "qwen3_moe": (3, 6.0)}
+# name -> (target family, engine flags for both engines, DFLASH-only flags)
+SHAPES = {
+    "llama": ("llama", {}, {}),
+    "mistral": ("mistral", {}, {}),
+    "qwen3_moe": ("qwen3_moe", {"enable_return_routed_experts": True}, {}),
+    "page16": ("llama", {"page_size": 16}, {}),
+    "window16": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
+}
+
+
+def _target(tiny, family):
+    path = os.path.join(tiny.root, f"family-{family}")
+    if not os.path.isdir(path):
+        seed, favour = TARGETS[family]
+        make_family_target(path, family=family, seed=seed, favour=favour)
+    return path
+
+
+def _run(engine, batch_size, routed_experts):
+    out = []
+    for i in range(0, len(PROMPTS), batch_size):
+        out += engine.generate(
+            input_ids=PROMPTS[i : i + batch_size],
+            sampling_params=GREEDY,
+            return_routed_experts=routed_experts,
+        )
+    return out
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def served(request, tiny):
+    """(shape, {batch size: plain outputs}, DFLASH engine), one engine at a time."""
+    family, flags, spec_flags = SHAPES[request.param]
+    target = _target(tiny, family)
+    routed = bool(flags.get("enable_return_routed_experts"))
+    engine = engines.start(target, **flags)
+    try:
+        want = {bs: _run(engine, bs, routed) for bs in (1, 8)}
+    finally:
+        engines.shutdown(engine)
+    engine = engines.start(target, tiny.draft("a"), **flags, **spec_flags)
+    yield request.param, want, engine
+    engines.shutdown(engine)
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_matches_target(served, batch_size):
+    shape, want, engine = served
+    routed = shape == "qwen3_moe"
+    got = _run(engine, batch_size, routed)
+    assert engines.server_state(engine)["dflash_implementation"].startswith("sglang-dflash")
+    mismatches = [
+        i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
+    ]
+    assert not mismatches, f"{shape}: prompts {mismatches} differ"
+    accepted = sum(o["meta_info"]["completion_tokens"] for o in got) / sum(
+        o["meta_info"]["spec_verify_ct"] for o in got
+    )
+    print(f"{shape} bs {batch_size}: mean acceptance {accepted:.2f}")
+    assert accepted > 1.1, f"{shape}: mean acceptance {accepted:.2f}; multi-token commits barely ran"
+    if routed:
+        for g, w in zip(got, want[batch_size]):
+            # One row per token but the last, [layers x top-k] each, as SGLang returns them.
+            experts = _experts(g)
+            assert experts.size > 0
+            np.testing.assert_array_equal(experts, _experts(w))
+
+
+def _experts(output) -> np.ndarray:
+    from sglang.srt.state_capturer.routed_experts import extract_routed_experts_from_meta_info
+
+    return extract_routed_experts_from_meta_info(output)
