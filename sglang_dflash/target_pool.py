@@ -23,4 +23,11 @@ def num_target_slots(pool) -> int:
             f"(full-attention part: {type(full).__name__}); it supports MHA and MLA pools, alone, "
             "in a hybrid linear-attention pool, or in a sliding-window pool"
         )
+    if getattr(full, "post_capture_active", False):
+        # Its `size` is then a virtual-address upper bound, backed only after CUDA-graph capture;
+        # a store sized from it would allocate more than SGLang budgeted for the draft.
+        raise ValueError(
+            "sglang-dflash does not support post-capture KV sizing (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1) "
+            "with DFLASH; unset it"
+        )
     return int(full.size + full.page_size)

@@ -164,6 +164,18 @@ def test_native_generate(server, expected, got):
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
 
 
+def test_return_sampling_mask_is_refused_naming_it(server):
+    """An RL rollout field that sglang-dflash does not build yet: HTTP 400, and the server
+    serves on."""
+    import requests
+
+    payload = {"input_ids": PROMPTS[0], "sampling_params": GREEDY, "return_sampling_mask": True}
+    response = requests.post(server.url + "/generate", json=payload, timeout=120)
+    assert response.status_code == 400, response.text
+    assert "return_sampling_mask is not supported" in response.text
+    assert server.post("/generate", {"input_ids": PROMPTS[0], "sampling_params": GREEDY})["output_ids"]
+
+
 def _close(a, b, tol=1e-4) -> bool:
     """Nested responses equal, floats to `tol` (logprobs at the float32 floor compare equal)."""
     if isinstance(a, float) and isinstance(b, float):
