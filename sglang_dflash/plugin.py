@@ -121,6 +121,11 @@ def install_scheduler_hooks() -> None:
         HookType.AROUND,
     )
     HookRegistry.register(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend",
+        verify_attention.run_sdpa_forward_extend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
         _add_speculative_state,
         HookType.AROUND,

@@ -11,5 +11,6 @@
   and patches the few SGLang modules whose CPU branch needs it, right after their import; it
   runs from `sglang_dflash_cpu.pth` at interpreter start, because SGLang imports sgl_kernel at
   module level in every process, before any plugin code runs.
-* `verify_attention`: lets the `torch_native` attention backend run TARGET_VERIFY forwards.
+* `verify_attention`: lets the `torch_native` attention backend run TARGET_VERIFY forwards, with
+  one masked SDPA per layer for the batch's verify windows.
 """

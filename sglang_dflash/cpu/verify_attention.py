@@ -3,13 +3,88 @@
 The backend's extend path reads `extend_prefix_lens`/`extend_seq_lens`, which SGLang leaves
 unset for TARGET_VERIFY, and there `seq_lens` is the committed prefix only. A verify window of
 width W over a prefix of length P is exactly an extend of W tokens after P, so for the call we
-present it as one: prefix P, extend W, total P + W; the stock causal SDPA then computes the
-chain verify attention.
+present it as one: prefix P, extend W, total P + W (`forward_extend`). SGLang's backend then
+writes the window's K/V and runs its SDPA.
+
+Its SDPA loops over the requests in Python and, for each, attends all P + W positions as
+queries to keep only the last W rows. For the verify windows this package replaces that loop
+with `chain_verify_attention`: one padded, masked SDPA for the whole batch with only the W
+window queries (`run_sdpa_forward_extend`). Chosen once per process and logged:
+SGLANG_DFLASH_CPU_VERIFY_ATTENTION=per-request keeps SGLang's loop (for comparisons). Layers the
+batched form does not cover (sliding-window, cross-attention, non-causal) keep SGLang's loop;
+SGLang's CPU engine serves no target with such layers on `torch_native`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from contextvars import ContextVar
+from typing import Optional
+
 import torch
+import torch.nn.functional as F
+
+from sglang_dflash.block import gather_slots
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGLANG_DFLASH_CPU_VERIFY_ATTENTION"
+MODES = ("batched", "per-request")
+
+# The verify width of the TARGET_VERIFY forward in progress (None outside one, or when the
+# per-request loop was chosen): set by `forward_extend`, read by `run_sdpa_forward_extend`.
+_verify_width: ContextVar[Optional[int]] = ContextVar("dflash_verify_width", default=None)
+_mode: Optional[str] = None
+
+
+def mode() -> str:
+    """The verify attention on `torch_native`, chosen on first use and logged once."""
+    global _mode
+    if _mode is None:
+        value = os.environ.get(ENV, "batched")
+        if value not in MODES:
+            raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
+        _mode = value
+        how = "one masked SDPA per layer for the batch" if value == "batched" else "SGLang's per-request loop"
+        logger.info("DFLASH verify attention on torch_native: %s (%s=%s)", how, ENV, value)
+    return _mode
+
+
+def chain_verify_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    width: int,
+    scaling: Optional[float],
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """The verify windows' attention, as one SDPA for the batch.
+
+    query [bs*W, Hq, d], row r*W + i at position P_r + i; k_cache, v_cache [slots, Hk, d|dv]
+    holding each request's prefix and window (the window's K/V written first, as SGLang does);
+    prefix_lens [bs] -> [bs*W, Hq, dv]. Query i of request r sees keys 0 .. P_r + i: the chain.
+    Keys are gathered padded to max(P) + W; the mask hides the padding.
+    E.g., P = [2, 0], W = 2: request 0's queries see keys {0,1,2}, {0,1,2,3}; request 1's {0}, {0,1}.
+    """
+    bs = prefix_lens.shape[0]
+    # The CPU engine's lengths live in host memory: reading their max is not a device sync.
+    length = min(int(prefix_lens.max()) + width, req_to_token.shape[1])
+    slots = gather_slots(req_to_token, req_pool_indices, 0, length)  # [bs, L]
+    keys = k_cache[slots].transpose(1, 2)  # [bs, Hk, L, d]
+    values = v_cache[slots].transpose(1, 2)  # [bs, Hk, L, dv]
+    if keys.dtype != query.dtype:
+        keys, values = keys.to(query.dtype), values.to(query.dtype)
+    q = query.view(bs, width, *query.shape[1:]).transpose(1, 2)  # [bs, Hq, W, d]
+    q_pos = prefix_lens.to(torch.int64)[:, None] + torch.arange(width, device=query.device)  # [bs, W]
+    mask = torch.arange(length, device=query.device)[None, None, :] <= q_pos[:, :, None]  # [bs, W, L]
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=enable_gqa
+    )  # [bs, Hq, W, dv]
+    return out.transpose(1, 2).reshape(bs * width, out.shape[1], out.shape[3])
 
 
 def forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
@@ -21,7 +96,70 @@ def forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwarg
     forward_batch.extend_prefix_lens = prefix
     forward_batch.extend_seq_lens = torch.full_like(prefix, width)
     forward_batch.seq_lens = prefix + width
+    token = _verify_width.set(width if mode() == "batched" else None)
     try:
         return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
     finally:
+        _verify_width.reset(token)
         forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens, forward_batch.seq_lens = saved
+
+
+def run_sdpa_forward_extend(
+    original,
+    self,
+    query,
+    output,
+    k_cache,
+    v_cache,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_prefix_lens,
+    extend_seq_lens,
+    encoder_lens=None,
+    scaling=None,
+    enable_gqa=False,
+    causal=False,
+    is_cross_attn=False,
+    sliding_window_size=None,
+):
+    width = _verify_width.get()
+    if (
+        width is None
+        or not causal
+        or is_cross_attn
+        or encoder_lens is not None
+        or sliding_window_size is not None
+    ):
+        return original(
+            self,
+            query,
+            output,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            extend_prefix_lens,
+            extend_seq_lens,
+            encoder_lens,
+            scaling=scaling,
+            enable_gqa=enable_gqa,
+            causal=causal,
+            is_cross_attn=is_cross_attn,
+            sliding_window_size=sliding_window_size,
+        )
+    output.copy_(
+        chain_verify_attention(
+            query,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            extend_prefix_lens,
+            width,
+            scaling,
+            enable_gqa,
+        )
+    )
+    return output

@@ -1,0 +1,83 @@
+"""The batched chain-verify attention on `torch_native` against SGLang's own per-request extend
+SDPA given the same windows as extends (what served verify windows before), on ragged batches."""
+
+import pytest
+import torch
+
+from sglang_dflash.cpu import verify_attention
+
+pytestmark = pytest.mark.sglang  # SGLang's torch_native backend is the oracle
+
+
+def _case(prefix_lens, width, heads, kv_heads, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bs, slots = len(prefix_lens), 400
+    k_cache = torch.randn(slots, kv_heads, d, generator=g).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, d, generator=g).to(dtype)
+    req_to_token = torch.zeros(bs + 2, 96, dtype=torch.int32)
+    rows = torch.randperm(bs + 2, generator=g)[:bs]
+    for row, p in zip(rows.tolist(), prefix_lens):
+        req_to_token[row, : p + width] = (torch.randperm(slots - 1, generator=g)[: p + width] + 1).to(
+            torch.int32
+        )
+    query = torch.randn(bs * width, heads, d, generator=g)
+    return query, k_cache, v_cache, req_to_token, rows, torch.tensor(prefix_lens)
+
+
+def _sglang_per_request(query, k_cache, v_cache, req_to_token, rows, prefix, width, scale, gqa):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    backend = object.__new__(TorchNativeAttnBackend)
+    output = torch.empty(query.shape[0], query.shape[1], v_cache.shape[-1], dtype=query.dtype)
+    stock = TorchNativeAttnBackend._run_sdpa_forward_extend
+    stock = getattr(stock, "__wrapped__", stock)  # SGLang's own, if our hook is installed
+    widths = torch.full_like(prefix, width)
+    return stock(
+        backend, query, output, k_cache, v_cache, req_to_token, rows, prefix + width, prefix, widths,
+        scaling=scale, enable_gqa=gqa, causal=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "prefix_lens, width, heads, kv_heads, dtype",
+    [
+        ([5, 0, 37, 12], 4, 4, 2, torch.float32),
+        ([1], 8, 4, 4, torch.float32),
+        ([60, 3, 17, 0, 9, 44, 2, 30], 16, 8, 2, torch.float32),
+        ([20, 7, 0], 8, 4, 1, torch.bfloat16),  # a bf16 cache, fp32 queries
+    ],
+)
+def test_batched_equals_sglangs_per_request_extend(prefix_lens, width, heads, kv_heads, dtype):
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(
+        prefix_lens, width, heads, kv_heads, 16, dtype
+    )
+    scale = 16**-0.5
+    got = verify_attention.chain_verify_attention(
+        query, k_cache, v_cache, req_to_token, rows, prefix, width, scale, heads != kv_heads
+    )
+    want = _sglang_per_request(
+        query, k_cache, v_cache, req_to_token, rows, prefix, width, scale, heads != kv_heads
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_wrong_mask_is_caught():
+    """Negative control: a window that also saw its own later positions differs."""
+    prefix_lens, width = [5, 0, 37, 12], 4
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, 16, torch.float32)
+    got = verify_attention.chain_verify_attention(
+        query, k_cache, v_cache, req_to_token, rows, prefix + 1, width, None, True
+    )
+    want = _sglang_per_request(query, k_cache, v_cache, req_to_token, rows, prefix, width, 16**-0.5, True)
+    assert (got - want).abs().max() > 1e-2
+
+
+def test_the_mode_is_chosen_once_and_checked(monkeypatch):
+    monkeypatch.setattr(verify_attention, "_mode", None)
+    monkeypatch.setenv(verify_attention.ENV, "fastest")
+    with pytest.raises(ValueError, match="must be one of"):
+        verify_attention.mode()
+    monkeypatch.setenv(verify_attention.ENV, "per-request")
+    assert verify_attention.mode() == "per-request"
+    monkeypatch.setenv(verify_attention.ENV, "batched")
+    assert verify_attention.mode() == "per-request"  # chosen once per process
