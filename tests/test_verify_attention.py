@@ -81,3 +81,38 @@ def test_the_mode_is_chosen_once_and_checked(monkeypatch):
     assert verify_attention.mode() == "per-request"
     monkeypatch.setenv(verify_attention.ENV, "batched")
     assert verify_attention.mode() == "per-request"  # chosen once per process
+
+
+def test_the_hook_takes_verify_windows_and_passes_everything_else_through():
+    """Called as SGLang's forward_extend calls it: positional tensors, keyword options."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    prefix_lens, width = [5, 0, 37, 12], 4
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, 16, torch.float32)
+    stock = TorchNativeAttnBackend._run_sdpa_forward_extend
+    stock = getattr(stock, "__wrapped__", stock)
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append(kwargs)
+        return stock(*args, **kwargs)
+
+    backend = object.__new__(TorchNativeAttnBackend)
+    widths = torch.full_like(prefix, width)
+
+    def run(**options):
+        output = torch.empty_like(query)
+        args = (backend, query, output, k_cache, v_cache, req_to_token, rows, prefix + width, prefix, widths)
+        return verify_attention.run_sdpa_forward_extend(original, *args, None, scaling=0.25, **options)
+
+    token = verify_attention._verify_width.set(width)
+    try:
+        got = run(enable_gqa=True, causal=True)
+        assert not calls  # served by the batched form
+        run(enable_gqa=True, causal=True, sliding_window_size=8)
+        assert len(calls) == 1  # a sliding layer keeps SGLang's loop
+    finally:
+        verify_attention._verify_width.reset(token)
+    want = run(enable_gqa=True, causal=True)  # outside a verify forward: SGLang's loop
+    assert len(calls) == 2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -92,10 +92,10 @@ FAVOURED_ID = 7
 
 
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
-    """A tiny target of another model family, shaped like target "a" (hidden 64, 4 layers,
-    vocab 384) so that it pairs with draft "a": "llama", "mistral", "qwen3_moe", and the
-    sliding-window or MLA families "gpt_oss", "gemma3" and "deepseek_v3". `favour` as in
-    `make_hybrid_target`."""
+    """A tiny target of another dense or MoE family, shaped like target "a" (hidden 64, 4
+    layers, vocab 384) so that it pairs with draft "a": "llama", "mistral" or "qwen3_moe".
+    `favour` as in `make_hybrid_target`. (Sliding-window and MLA families have no builder here:
+    SGLang's CPU engine cannot serve them with torch_native; see test_target_shapes.py.)"""
     import transformers
 
     torch.manual_seed(seed)
@@ -113,7 +113,6 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         bos_token_id=EOS_ID,
         pad_token_id=EOS_ID,
     )
-    sliding = ["sliding_attention", "full_attention"] * 2
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     elif family == "mistral":
@@ -123,36 +122,15 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True
         )
         model = transformers.Qwen3MoeForCausalLM(config)
-    elif family == "gpt_oss":
-        config = transformers.GptOssConfig(
-            **dict(common, intermediate_size=32),
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            sliding_window=8,
-            layer_types=sliding,
-        )
-        model = transformers.GptOssForCausalLM(config)
-    elif family == "gemma3":
-        config = transformers.Gemma3TextConfig(**common, sliding_window=8, layer_types=sliding)
-        model = transformers.Gemma3ForCausalLM(config)
-    elif family == "deepseek_v3":
-        config = transformers.DeepseekV3Config(
-            **dict(common, head_dim=None, num_key_value_heads=4),
-            kv_lora_rank=32,
-            q_lora_rank=None,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        )
-        model = transformers.DeepseekV3ForCausalLM(config)
     else:
         raise ValueError(f"unknown target family {family!r}")
+    _save_peaked(model, path, favour)
+    return path
+
+
+def _save_peaked(model, path: str, favour: float) -> None:
+    """Larger-than-default init (peaked next-token distributions, far from greedy ties); with
+    `favour`, the favoured token (see `make_hybrid_target`); then the weights and a tokenizer."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -162,7 +140,6 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             model.lm_head.weight[FAVOURED_ID, 0] = favour
     model.save_pretrained(path)
     make_tokenizer(path)
-    return path
 
 
 def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
@@ -228,15 +205,7 @@ def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float =
         model = transformers.Qwen3_5ForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown hybrid family {family!r}")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.15)
-        if favour:
-            model.get_input_embeddings().weight[:, 0] = 1.0
-            model.lm_head.weight[FAVOURED_ID, 0] = favour
-    model.save_pretrained(path)
-    make_tokenizer(path)
+    _save_peaked(model, path, favour)
     if family == "qwen3_5_vl":
         _save_vl_processor(path)
     else:

@@ -17,6 +17,8 @@ SGLang's CPU engine serves no target with such layers on `torch_native`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 from contextvars import ContextVar
@@ -104,62 +106,34 @@ def forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwarg
         forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens, forward_batch.seq_lens = saved
 
 
-def run_sdpa_forward_extend(
-    original,
-    self,
-    query,
-    output,
-    k_cache,
-    v_cache,
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    extend_prefix_lens,
-    extend_seq_lens,
-    encoder_lens=None,
-    scaling=None,
-    enable_gqa=False,
-    causal=False,
-    is_cross_attn=False,
-    sliding_window_size=None,
-):
+def run_sdpa_forward_extend(original, self, *args, **kwargs):
+    """Around SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend`: inside a verify forward
+    (batched mode), plain causal self-attention layers take `chain_verify_attention`."""
     width = _verify_width.get()
-    if (
-        width is None
-        or not causal
-        or is_cross_attn
-        or encoder_lens is not None
-        or sliding_window_size is not None
-    ):
-        return original(
-            self,
-            query,
-            output,
-            k_cache,
-            v_cache,
-            req_to_token,
-            req_pool_indices,
-            seq_lens,
-            extend_prefix_lens,
-            extend_seq_lens,
-            encoder_lens,
-            scaling=scaling,
-            enable_gqa=enable_gqa,
-            causal=causal,
-            is_cross_attn=is_cross_attn,
-            sliding_window_size=sliding_window_size,
-        )
-    output.copy_(
-        chain_verify_attention(
-            query,
-            k_cache,
-            v_cache,
-            req_to_token,
-            req_pool_indices,
-            extend_prefix_lens,
-            width,
-            scaling,
-            enable_gqa,
-        )
-    )
-    return output
+    if width is not None:
+        call = _sdpa_signature().bind(self, *args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        plain = a["causal"] and not a["is_cross_attn"] and a["encoder_lens"] is None
+        if plain and a["sliding_window_size"] is None:
+            out = chain_verify_attention(
+                a["query"],
+                a["k_cache"],
+                a["v_cache"],
+                a["req_to_token"],
+                a["req_pool_indices"],
+                a["extend_prefix_lens"],
+                width,
+                a["scaling"],
+                a["enable_gqa"],
+            )
+            return a["output"].copy_(out)
+    return original(self, *args, **kwargs)
+
+
+@functools.cache
+def _sdpa_signature() -> inspect.Signature:
+    """SGLang's own signature (`inspect` follows hook wrappers to it through `__wrapped__`)."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    return inspect.signature(TorchNativeAttnBackend._run_sdpa_forward_extend)
