@@ -52,7 +52,7 @@ class _WithPth:
 
     def __call__(self, wheel, files, mapping):
         self.strategy(wheel, files, mapping)
-        with open(PTH, "rb") as f:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH), "rb") as f:
             wheel.writestr(PTH, f.read())
 
     def __enter__(self):

@@ -19,6 +19,15 @@ from __future__ import annotations
 
 import torch
 
+STORE_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2,
+)
+
 
 def resolve_draft_kv_dtype(model_dtype: torch.dtype) -> torch.dtype:
     """The draft KV dtype: `--speculative-draft-kv-cache-dtype`, else `--kv-cache-dtype`, else the
@@ -27,15 +36,24 @@ def resolve_draft_kv_dtype(model_dtype: torch.dtype) -> torch.dtype:
     from sglang.srt.mem_cache.kv_cache_dtype import configure_kv_cache_dtype
     from sglang.srt.runtime_context import get_model, get_spec
 
+    model, spec = get_model(), get_spec()
     _, dtype = configure_kv_cache_dtype(
-        server_args_kv_cache_dtype=get_model().kv_cache_dtype,
-        speculative_draft_kv_cache_dtype=get_spec().speculative_draft_kv_cache_dtype,
+        server_args_kv_cache_dtype=model.kv_cache_dtype,
+        speculative_draft_kv_cache_dtype=spec.speculative_draft_kv_cache_dtype,
         model=None,
         model_dtype=model_dtype,
         is_draft_worker=True,
         is_dflash=True,
-        speculative_draft_attention_backend=get_spec().speculative_draft_attention_backend,
+        speculative_draft_attention_backend=spec.speculative_draft_attention_backend,
     )
+    if dtype not in STORE_DTYPES:
+        # E.g. nvfp4 packs two values per element, with block scales the store does not keep.
+        raise ValueError(
+            f"sglang-dflash keeps the draft's K/V in {', '.join(str(d) for d in STORE_DTYPES)}; "
+            f"--kv-cache-dtype {model.kv_cache_dtype} (--speculative-draft-kv-cache-dtype "
+            f"{spec.speculative_draft_kv_cache_dtype}) gives {dtype}: pass "
+            "--speculative-draft-kv-cache-dtype bf16 or fp8_e4m3"
+        )
     return dtype
 
 

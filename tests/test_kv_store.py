@@ -61,6 +61,18 @@ def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv
     assert store.nbytes == slots * per_token
 
 
+def test_a_kv_dtype_the_store_cannot_hold_is_refused_naming_the_flags(monkeypatch):
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no fp4 dtype")
+    _runtime(monkeypatch, "nvfp4")
+    with pytest.raises(
+        ValueError, match="--kv-cache-dtype nvfp4 .* pass --speculative-draft-kv-cache-dtype bf16"
+    ):
+        resolve_draft_kv_dtype(torch.bfloat16)
+    _runtime(monkeypatch, "nvfp4", "bf16")
+    assert resolve_draft_kv_dtype(torch.bfloat16) == torch.bfloat16
+
+
 def test_fp8_store_round_trips_through_sdpa_draft_attention():
     torch.manual_seed(0)
     config = DFlashDraftConfig.from_dict(draft_config_dict())
