@@ -131,6 +131,18 @@ def _host_buffers_unpinned_on_cpu(module) -> None:
     module.ALLOC_MEMORY_FUNCS["cpu"] = alloc_unpinned
 
 
+def _no_pynccl_on_cpu(module) -> None:
+    """Tensor parallelism on the CPU engine: SGLang's process groups default to a PyNccl
+    communicator, which refuses a CPU device; gloo (the group's own backend) does the work."""
+    original = module.init_model_parallel_group
+
+    def init_model_parallel_group(*args, use_pynccl=None, **kwargs):
+        return original(*args, use_pynccl=False, **kwargs)
+
+    module.init_model_parallel_group = init_model_parallel_group
+    logger.info("CPU engine: SGLang's parallel groups communicate through gloo, without PyNccl")
+
+
 PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
@@ -139,6 +151,7 @@ PATCHES = {
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _commit_after_verify_on_cpu,
     "sglang.srt.mem_cache.pool_host.common": _host_buffers_unpinned_on_cpu,
+    "sglang.srt.distributed.parallel_state": _no_pynccl_on_cpu,
 }
 
 
