@@ -91,6 +91,22 @@ def make_target(
 FAVOURED_ID = 7
 
 
+# The text shape of target "a" (see TARGETS), which the other tiny families share so that they
+# pair with draft "a".
+TEXT_SHAPE_A = dict(
+    vocab_size=384,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    eos_token_id=EOS_ID,
+    bos_token_id=EOS_ID,
+)
+
+
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another dense or MoE family, shaped like target "a" (hidden 64, 4
     layers, vocab 384) so that it pairs with draft "a": "llama", "mistral" or "qwen3_moe".
@@ -99,20 +115,7 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
     import transformers
 
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=384,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_ID,
-        bos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
-    )
+    common = dict(TEXT_SHAPE_A, intermediate_size=128, pad_token_id=EOS_ID)
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     elif family == "mistral":
@@ -161,22 +164,13 @@ def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float =
     torch.manual_seed(seed)
     layer_types = ["linear_attention"] * 3 + ["full_attention"]
     common = dict(
-        vocab_size=384,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
+        TEXT_SHAPE_A,
         linear_conv_kernel_dim=4,
         linear_key_head_dim=16,
         linear_value_head_dim=16,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         layer_types=layer_types,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_ID,
-        bos_token_id=EOS_ID,
     )
     moe = dict(
         moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2
