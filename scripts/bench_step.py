@@ -179,7 +179,9 @@ def measure(args, records_path: str, env: dict) -> list:
         extra.append("--enable-custom-logit-processor")
     env = dict(env, SGLANG_DFLASH_STEP_TIMING=records_path)
     target, draft = (args.target, args.draft) if args.target else server.default_models()
-    config = server.ServerConfig("dflash", target, draft, args.num_draft_tokens, device, extra, env)
+    # The breakdown is of a step at the full width B, unless --adaptive lets the policy choose.
+    name = "dflash" if args.adaptive else "dflash-fixed"
+    config = server.ServerConfig(name, target, draft, args.num_draft_tokens, device, extra, env)
     log = os.path.join(os.path.dirname(records_path), "server-bench-step.log")
     print(f"starting the DFLASH server ({device}); step records -> {records_path}", flush=True)
     rows = []
@@ -228,6 +230,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-steps", type=int, default=2, help="first decode steps dropped per batch size")
     p.add_argument("--vocab", type=int, default=1000, help="prompt id range if the target config has none")
     p.add_argument("--simulate-acc-len", type=float, help="SGLANG_SIMULATE_ACC_LEN for the server")
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="let the verify width adapt (default: every step at the full width B)",
+    )
     p.add_argument(
         "--features",
         type=lambda s: s.split(","),

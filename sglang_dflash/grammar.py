@@ -133,8 +133,8 @@ class GrammarWindow:
         proposals: torch.Tensor,
         draft_logits: Optional[torch.Tensor],
     ):
-        """reqs: the batch's SGLang `Req`s; proposals [bs, B-1] the draft's argmax tokens;
-        draft_logits [bs, B-1, V] (needed with `propose`). Returns (proposals [bs, B-1], with the
+        """reqs: the batch's SGLang `Req`s; proposals [bs, W-1] the draft's argmax tokens;
+        draft_logits [bs, W-1, V] (needed with `propose` when W > 1). Returns (proposals [bs, B-1], with the
         grammar requests' rows replaced by legal ones when `propose`; SGLang `GrammarMask` over the
         [bs * B] verify rows, or None when no request in the batch is constrained)."""
         from sglang.srt.constrained.base_grammar_backend import GrammarMask
@@ -148,17 +148,18 @@ class GrammarWindow:
 
         # One device->host copy per step (the walk is host work; SGLang's tree walk copies too).
         index = torch.tensor(rows, device=proposals.device)
-        if self.propose:
+        propose = self.propose and width > 1  # a window of one row (W = 1) has no proposal
+        if propose:
             candidates = draft_logits[index].topk(min(DRAFT_TOP_K, draft_logits.shape[-1]), dim=-1)
             candidates = candidates.indices.cpu().tolist()  # [n, B-1, K]
         else:
             candidates = proposals[index].cpu().tolist()  # [n, B-1]
         chosen = []
         for n, i in enumerate(rows):
-            choose = self._chooser(candidates[n], draft_logits, i, mask, grammar)
+            choose = self._chooser(candidates[n], draft_logits, i, mask, grammar, propose)
             chosen.append(walk_window(reqs[i].grammar, mask, i * width, width, choose))
 
-        if self.propose:
+        if propose:
             # The legal proposals; past an early stop (termination) the draft's own stay.
             fixed = proposals[index].cpu()
             for n, tokens in enumerate(chosen):
@@ -167,8 +168,8 @@ class GrammarWindow:
             proposals[index] = fixed.to(proposals.device, non_blocking=True)
         return proposals, GrammarMask(grammar, _to_device(grammar, mask, proposals.device))
 
-    def _chooser(self, candidates, draft_logits, i, mask, grammar) -> Callable[[int, int], int]:
-        if not self.propose:
+    def _chooser(self, candidates, draft_logits, i, mask, grammar, propose) -> Callable[[int, int], int]:
+        if not propose:
             return lambda t, row: candidates[t - 1]
         view = mask.numpy()
 

@@ -17,15 +17,23 @@ name prefix. Series (B = verify width, `--speculative-num-draft-tokens`):
                                                         buckets le = 0 .. B-1
   sglang:dflash_position_accepted_total      counter    {position="k"}, k = 1..B-1: request-steps
                                                         that accepted at least k drafts
+  sglang:dflash_position_verified_total      counter    {position="k"}: request-steps that verified
+                                                        draft position k (verify width > k)
   sglang:dflash_position_accept_rate         gauge      {position="k"}: the lifetime ratio
-                                                        position_accepted_total / verify_steps_total
+                                                        position_accepted / position_verified
+  sglang:dflash_verify_width                 histogram  the verify width chosen per decode step,
+                                                        buckets le = 1 .. B (1 = no draft;
+                                                        `width_policy.py`)
 
 Mean acceptance length (tokens per verify step, bonus included) over any window is
 `1 + rate(accepted_drafts_total) / rate(verify_steps_total)`.
 
-The scheduler side calls `observe(num_correct_drafts_per_req, live)` once per decode step with
-host lists (no device sync). `live` says which requests were still running (SGLang's own rule
-for `spec_verify_ct`), which keeps the counters equal to the sums of the requests' `meta_info`.
+The scheduler side calls `observe(num_correct_drafts_per_req, live, width)` once per decode step
+with host lists (no device sync); the worker calls `observe_width(width)` when it chooses one.
+`live` says which requests were still running (SGLang's own rule for `spec_verify_ct`), which
+keeps the counters equal to the sums of the requests' `meta_info`. A step at width 1 (no draft)
+counts as a verify step that accepted nothing, as SGLang counts it in `spec_verify_ct`; the
+per-position rates count only the steps that verified the position.
 `observe` only appends to a list; a daemon thread pushes the totals into prometheus_client once
 per `flush_interval` seconds (1 s by default), so the per-step cost does not grow with the
 number of series, and the exported values lag by at most one interval.
@@ -151,13 +159,29 @@ class DFlashMetrics:
             multiprocess_mode="mostrecent",
             **kw_pos,
         )
+        position_verified = Counter(
+            PREFIX + "position_verified",
+            "DFLASH request-steps that verified draft position k (verify width > k).",
+            **kw_pos,
+        )
+        self._width_hist = Histogram(
+            PREFIX + "verify_width",
+            "DFLASH verify width chosen per decode step (1 = no draft).",
+            buckets=[float(k) for k in range(1, self.width + 1)],
+            **kw,
+        ).labels(**self.labels)
         self._position_total = [position_total.labels(**self.labels, position=k) for k in self.positions]
+        self._position_verified = [
+            position_verified.labels(**self.labels, position=k) for k in self.positions
+        ]
         self._position_rate = [position_rate.labels(**self.labels, position=k) for k in self.positions]
 
         # Lifetime totals, mirrored here to compute the rate gauges.
         self.total_steps = 0
         self.total_position = [0] * len(self.positions)
-        self._pending: list[int] = []
+        self.total_verified = [0] * len(self.positions)
+        self._pending: list[tuple[int, int]] = []  # (accepted drafts, verify width) per request-step
+        self._pending_widths: list[int] = []
         self._discarded = 0
         self._lock = threading.Lock()  # guards _pending (observe vs flush)
         self._flush_lock = threading.Lock()  # one flush at a time
@@ -177,48 +201,66 @@ class DFlashMetrics:
         return cls(scheduler_labels(), num_draft_tokens)
 
     def observe(
-        self, num_correct_drafts_per_req: Sequence[int], live: Optional[Sequence[bool]] = None
+        self,
+        num_correct_drafts_per_req: Sequence[int],
+        live: Optional[Sequence[bool]] = None,
+        width: Optional[int] = None,
     ) -> None:
-        """Record one verify step: accepted drafts per request (host ints, 0..B-1).
+        """Record one verify step: accepted drafts per request (host ints, 0..width-1), at verify
+        width `width` (B when None).
 
         `live[i]` False marks a request that had already finished or been retracted when the
         step ran (overlap scheduling runs one more step for it; SGLang drops its tokens and
         leaves it out of `spec_verify_ct`): it is counted as discarded, not as acceptance."""
+        width = self.width if width is None else int(width)
         if live is None:
-            with self._lock:
-                self._pending.extend(num_correct_drafts_per_req)
-            return
-        kept = [n for n, keep in zip(num_correct_drafts_per_req, live) if keep]
+            live = [True] * len(num_correct_drafts_per_req)
+        kept = [(n, width) for n, keep in zip(num_correct_drafts_per_req, live) if keep]
         with self._lock:
             self._pending.extend(kept)
             self._discarded += len(num_correct_drafts_per_req) - len(kept)
+
+    def observe_width(self, width: int) -> None:
+        """Record the verify width the worker chose for a decode step."""
+        with self._lock:
+            self._pending_widths.append(int(width))
 
     def flush(self) -> None:
         """Push what was observed since the last flush into prometheus_client."""
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, []
+                widths, self._pending_widths = self._pending_widths, []
                 discarded, self._discarded = self._discarded, 0
             if discarded:
                 self._discarded_steps.inc(discarded)
+            for width, count in Tally(widths).items():
+                observe_many(self._width_hist, float(width), count)
             if pending:
                 self._publish(pending)
 
-    def _publish(self, pending: list[int]) -> None:
-        tally = Tally(pending)
+    def _publish(self, pending: list[tuple[int, int]]) -> None:
+        accepted = Tally(n for n, _ in pending)
+        widths = Tally(w for _, w in pending)
         self._steps.inc(len(pending))
-        self._accepted.inc(sum(n * c for n, c in tally.items()))
-        for n, count in tally.items():
+        self._accepted.inc(sum(n * c for n, c in accepted.items()))
+        for n, count in accepted.items():
             observe_many(self._hist, float(n), count)
         self.total_steps += len(pending)
-        at_least = sum(c for n, c in tally.items() if n >= self.width)  # not expected; kept honest
-        for k in range(self.width - 1, 0, -1):  # steps with >= k accepted drafts
-            at_least += tally.get(k, 0)
+        at_least = sum(c for n, c in accepted.items() if n >= self.width)  # not expected; kept honest
+        wider = sum(c for w, c in widths.items() if w > self.width)
+        for k in range(self.width - 1, 0, -1):  # steps with >= k accepted drafts / width > k
+            at_least += accepted.get(k, 0)
+            wider += widths.get(k + 1, 0)
             if at_least:
                 self._position_total[k - 1].inc(at_least)
                 self.total_position[k - 1] += at_least
-        for total, gauge in zip(self.total_position, self._position_rate):
-            gauge.set(total / self.total_steps)
+            if wider:
+                self._position_verified[k - 1].inc(wider)
+                self.total_verified[k - 1] += wider
+        for total, verified, gauge in zip(self.total_position, self.total_verified, self._position_rate):
+            if verified:
+                gauge.set(total / verified)
 
     def close(self) -> None:
         self._stop.set()
@@ -233,12 +275,19 @@ class DFlashMetrics:
 
 def resolve_spec_tokens_hook(original, self, result, batch):
     """AROUND hook for SGLang's `SchedulerBatchResultProcessor._resolve_spec_v2_tokens`: feeds
-    the worker's `metrics` (if any) with the step's accepted-draft counts, once they are on the
-    host, and which requests were still live (judged before SGLang settles this step, as it does)."""
+    the worker's `metrics` and `width_policy` (if any) with the step's accepted-draft counts and
+    verify width, once they are on the host, and which requests were still live (judged before
+    SGLang settles this step, as it does)."""
     dflash_metrics = getattr(self.model_worker, "metrics", None)
-    if dflash_metrics is None:
+    width_policy = getattr(self.model_worker, "width_policy", None)
+    if dflash_metrics is None and width_policy is None:
         return original(self, result, batch)
     live = [not (req.is_retracted or req.finished()) for req in batch.reqs]
     out = original(self, result, batch)
-    dflash_metrics.observe(result.num_correct_drafts_per_req_cpu, live)
+    width = result.speculative_num_draft_tokens
+    if dflash_metrics is not None:
+        dflash_metrics.observe(result.num_correct_drafts_per_req_cpu, live, width)
+    if width_policy is not None and width:
+        kept = [n for n, keep in zip(result.num_correct_drafts_per_req_cpu, live) if keep]
+        width_policy.observe_acceptance(kept, width)
     return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Optional
 
 import torch
@@ -33,7 +34,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -43,6 +44,7 @@ from sglang_dflash import IMPL_NAME, __version__, flashinfer_attention, ops
 from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
+from sglang_dflash.cpu import verify_attention
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
@@ -53,6 +55,10 @@ from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
+from sglang_dflash.width_policy import ENV_VAR as ADAPTIVE_WIDTH_ENV
+from sglang_dflash.width_policy import policy_for
+
+OFF_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"  # decode | verify: override the start-up choice
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +158,13 @@ class DFlashWorker(BaseSpecWorker):
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         self.timer = StepTimer.from_env(self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
+        # The verify width per step: adaptive (`width_policy.py`) or always B.
+        self.width_policy, width_choice = policy_for(
+            self.num_draft_tokens, torch.device(self.device).type, os.environ.get(ADAPTIVE_WIDTH_ENV)
+        )
+        self._last_decode: Optional[tuple[float, int, int]] = None  # (start, bs, width) of the last step
+        self.decode_when_off, off_forward = self._choose_off_forward()
+        width_choice += f"; width 1 runs {off_forward}"
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         trace_path = os.environ.get("SGLANG_DFLASH_TRACE_PROPOSALS")
         self.trace_file = open(trace_path, "a") if trace_path else None
@@ -163,7 +176,7 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d draft_window=%s device=%s dtype=%s lm_head=%s grammar_aware_proposals=%s "
+            "verify_width=%d (%s) draft_window=%s device=%s dtype=%s lm_head=%s grammar_aware_proposals=%s "
             "hidden_states=%s linear_attention_state_commit=%s%s%s",
             IMPL_NAME,
             __version__,
@@ -172,6 +185,7 @@ class DFlashWorker(BaseSpecWorker):
             list(layer_ids),
             self.block_size,
             self.num_draft_tokens,
+            width_choice,
             self.context_window,
             self.device,
             runner.dtype,
@@ -248,6 +262,7 @@ class DFlashWorker(BaseSpecWorker):
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ) -> GenerationBatchResult:
         if batch.forward_mode.is_idle():
+            self._last_decode = None
             return self._forward_idle(on_publish)
         with self.verifier.seeded(batch):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
@@ -258,6 +273,7 @@ class DFlashWorker(BaseSpecWorker):
 
     def _forward_extend(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         """Prefill / extend chunk / mixed batch: target forward, then inject every new token."""
+        self._last_decode = None  # the interval across an extend step is not a decode step's cost
         with self.timer.phase("extend"):
             if grammar_barrier is not None and batch.has_grammar and batch.forward_mode.is_mixed():
                 # The decode requests mixed in sample their next token with SGLang's sampler,
@@ -284,30 +300,42 @@ class DFlashWorker(BaseSpecWorker):
 
     def _forward_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         seq_lens = batch.seq_lens  # [bs] committed lengths
-        bs, width = seq_lens.shape[0], self.num_draft_tokens
+        bs = seq_lens.shape[0]
+        width = self._choose_width(bs)  # W: the verify width of this step, 1 <= W <= B
 
-        with self.timer.phase("draft"):
-            block_ids, positions, draft_logits = self._draft(batch)  # [bs, B], [bs, B], [bs, B-1, V]
-            proposals = torch.argmax(draft_logits, dim=-1)  # [bs, B-1]
+        if width == 1:
+            # Speculation off for this step: no draft, the target's plain decode forward.
+            draft_input: DFlashDraftInputV2 = batch.spec_info
+            candidates = draft_input.bonus_tokens.to(torch.int64)[:, None]  # [bs, 1]
+            positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
+            proposals, draft_logits = candidates[:, 1:], None  # [bs, 0]
+        else:
+            with self.timer.phase("draft"):
+                block_ids, positions, draft_logits = self._draft(batch, width)  # [bs, W] x2, [bs, W-1, V]
+                proposals = torch.argmax(draft_logits, dim=-1)  # [bs, W-1]
         grammar_mask = None
         if batch.has_grammar:
             with self.timer.phase("grammar"):
                 if grammar_barrier is not None:
                     grammar_barrier()  # the matchers first take in the previous step's tokens
                 proposals, grammar_mask = self.grammar_window(batch.reqs, proposals, draft_logits)
-        del draft_logits  # [bs, B-1, V]: not kept alive through the verify forward
-        candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, B] = [bonus, d1..]
+        del draft_logits  # [bs, W-1, V]: not kept alive through the verify forward
+        if width > 1:
+            candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, W] = [bonus, d1..]
 
         with self.timer.phase("verify"):
             # The verify window's KV slots, reserved by prepare_for_decode.
             verify_slots = gather_slots(
                 self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, width
-            )  # [bs, B]
-            verified = self._verify(batch, candidates, positions, verify_slots)
+            )  # [bs, W]
+            if width == 1 and self.decode_when_off:
+                verified = self._decode(batch, candidates, verify_slots)
+            else:
+                verified = self._verify(batch, candidates, positions, verify_slots)
             logits_output = verified.logits_output
 
         with self.timer.phase("accept"):
-            logits = logits_output.next_token_logits  # [bs*B, V]
+            logits = logits_output.next_token_logits  # [bs*W, V]
             accept_len, out_tokens, new_bonus, logits = self.verifier.verify(
                 batch, candidates, logits, positions, grammar_mask
             )
@@ -315,7 +343,8 @@ class DFlashWorker(BaseSpecWorker):
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
             self.verifier.commit(batch, candidates, commit_lens)
-            if self.linear_state is not None:
+            if self.linear_state is not None and not (width == 1 and self.decode_when_off):
+                # (A decode forward advanced the linear-attention state itself.)
                 self.linear_state(batch, seq_lens, commit_lens)
             new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
             if on_publish is not None:
@@ -331,15 +360,18 @@ class DFlashWorker(BaseSpecWorker):
         with self.timer.phase("inject"):
             # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
             if not self.skip_decode_injection:
-                committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
-                slots = torch.where(committed, verify_slots, 0).view(-1)
+                if width == 1:
+                    slots = verify_slots.view(-1)  # every row commits its one token
+                else:
+                    committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
+                    slots = torch.where(committed, verify_slots, 0).view(-1)
                 ops.inject_context_kv(
                     self.draft_model, self.store, logits_output.hidden_states, positions.reshape(-1), slots
                 )
             self._hand_over_hidden_states(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, proposals)
-        self.timer.end_step(bs)
+        self.timer.end_step(bs, width=width)
 
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -355,13 +387,43 @@ class DFlashWorker(BaseSpecWorker):
             indexer_topk_output=verified.indexer_topk_output,
         )
 
-    def _draft(self, batch: ScheduleBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One draft forward over the full trained block -> the block's first B ids [bs, B]
-        (`[bonus, MASK ...]`), their positions [bs, B], and the draft's logits for window
-        positions 1..B-1 [bs, B-1, V] (their argmax are the proposals)."""
+    def _choose_off_forward(self) -> tuple[bool, str]:
+        """How a step at width 1 (no draft) runs the target, chosen once: its plain DECODE
+        forward, or on the CPU engine with the batched verify attention, a verify forward over a
+        window of one (exactly decode attention, in one SDPA per layer for the batch instead of
+        SGLang's per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, README)."""
+        override = os.environ.get(OFF_FORWARD_ENV)
+        if override not in (None, "", "decode", "verify"):
+            raise ValueError(f"{OFF_FORWARD_ENV} must be decode or verify, got {override!r}")
+        if override:
+            return override == "decode", f"{override} forward ({OFF_FORWARD_ENV}={override})"
+        if torch.device(self.device).type == "cpu" and verify_attention.mode() == "batched":
+            return False, "a verify forward over one token (batched CPU verify attention)"
+        return True, "the target's decode forward"
+
+    def _choose_width(self, bs: int) -> int:
+        """This step's verify width, and the interval since the last decode step's start fed to
+        the policy's cost model (host clocks only)."""
+        now = time.perf_counter()
+        if self.width_policy is None:
+            width = self.num_draft_tokens
+        else:
+            if self._last_decode is not None:
+                start, last_bs, last_width = self._last_decode
+                self.width_policy.observe_step(last_bs, last_width, now - start)
+            width = self.width_policy.choose(bs)
+        self._last_decode = (now, bs, width)
+        if self.metrics is not None:
+            self.metrics.observe_width(width)
+        return width
+
+    def _draft(self, batch: ScheduleBatch, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One draft forward over the full trained block -> the block's first W ids [bs, W]
+        (`[bonus, MASK ...]`), their positions [bs, W], and the draft's logits for window
+        positions 1..W-1 [bs, W-1, V] (their argmax are the proposals)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         seq_lens = batch.seq_lens
-        bs, width = seq_lens.shape[0], self.num_draft_tokens
+        bs = seq_lens.shape[0]
         block_ids, block_positions = prepare_draft_block(
             draft_input.bonus_tokens,
             seq_lens,
@@ -373,7 +435,7 @@ class DFlashWorker(BaseSpecWorker):
         # plus one step's worth of commits.
         lens_cpu = draft_input.nxt_kv_lens_cpu
         if lens_cpu is None:
-            lens_cpu = batch.seq_lens_cpu + width
+            lens_cpu = batch.seq_lens_cpu + self.num_draft_tokens
         attend = self.attention.bind(
             self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
         )
@@ -384,10 +446,11 @@ class DFlashWorker(BaseSpecWorker):
 
     def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots) -> GenerationBatchResult:
         """One TARGET_VERIFY forward of the target over the window, a plain causal chain."""
+        width = candidates.shape[1]
         verify_input = DFlashVerifyInput(
             draft_token=candidates.reshape(-1),
             positions=positions.reshape(-1),
-            draft_token_num=self.num_draft_tokens,
+            draft_token_num=width,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
@@ -395,13 +458,36 @@ class DFlashWorker(BaseSpecWorker):
         # Attention planning reads host lengths; during verify they cover the window too.
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
         if seq_lens_cpu is not None:
-            batch.seq_lens_cpu = seq_lens_cpu + self.num_draft_tokens
+            batch.seq_lens_cpu = seq_lens_cpu + width
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
         return self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True
         )
+
+    def _decode(
+        self, batch: ScheduleBatch, bonus: torch.Tensor, slots: torch.Tensor
+    ) -> GenerationBatchResult:
+        """W = 1: the target's ordinary DECODE forward over each request's bonus token [bs, 1],
+        written to `slots` [bs, 1], keeping the captured layers for the draft's injection."""
+        seq_lens, seq_lens_cpu, seq_lens_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
+        forward_mode = batch.forward_mode
+        # A decode forward's lengths include its input token.
+        batch.forward_mode = ForwardMode.DECODE
+        batch.input_ids = bonus.view(-1)
+        batch.out_cache_loc = slots.view(-1)
+        batch.seq_lens = seq_lens + 1
+        if seq_lens_cpu is not None:
+            batch.seq_lens_cpu = seq_lens_cpu + 1
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        try:
+            return self.target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL, is_verify=True
+            )
+        finally:
+            batch.forward_mode, batch.seq_lens = forward_mode, seq_lens
+            batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
 
     def _forward_idle(self, on_publish) -> GenerationBatchResult:
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -438,7 +524,7 @@ class DFlashWorker(BaseSpecWorker):
         from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
 
         mean, method, token_mode = self.simulated_acceptance
-        commit_len = sample_simulated_acc_len(mean, method, self.num_draft_tokens)
+        commit_len = sample_simulated_acc_len(mean, method, candidates.shape[1])
         target_predict = torch.argmax(logits, dim=-1).view(candidates.shape)
         return forced_acceptance(
             candidates, target_predict, commit_len, real_draft_tokens=token_mode == "real-draft-token"

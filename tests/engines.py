@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
+ADAPTIVE_WIDTH = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 CPU_ENGINE = dict(
     device="cpu",
     attention_backend="torch_native",
@@ -16,7 +18,17 @@ CPU_ENGINE = dict(
 )
 
 
-def start(target: str, draft: str | None = None, num_draft_tokens: int | None = None, **kwargs):
+def start(
+    target: str,
+    draft: str | None = None,
+    num_draft_tokens: int | None = None,
+    *,
+    fixed_width: bool = False,
+    **kwargs,
+):
+    """An engine; with a draft, DFLASH. `fixed_width` verifies the full width every step
+    (SGLANG_DFLASH_ADAPTIVE_WIDTH=0), for tests that measure the draft's acceptance rather than
+    the width policy's choices."""
     import sglang as sgl
 
     args = dict(CPU_ENGINE, model_path=target, **kwargs)
@@ -24,7 +36,18 @@ def start(target: str, draft: str | None = None, num_draft_tokens: int | None = 
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
         if num_draft_tokens is not None:
             args["speculative_num_draft_tokens"] = num_draft_tokens
-    return sgl.Engine(**args)
+    if not fixed_width:
+        return sgl.Engine(**args)
+    # The scheduler processes read the switch when they start, from the environment they inherit.
+    saved = os.environ.get(ADAPTIVE_WIDTH)
+    os.environ[ADAPTIVE_WIDTH] = "0"
+    try:
+        return sgl.Engine(**args)
+    finally:
+        if saved is None:
+            del os.environ[ADAPTIVE_WIDTH]
+        else:
+            os.environ[ADAPTIVE_WIDTH] = saved
 
 
 def prompts(n: int, seed: int = 0, vocab: int = 384, min_len: int = 4, max_len: int = 40) -> list[list[int]]:

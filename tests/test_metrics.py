@@ -166,7 +166,7 @@ def test_server_metrics_match_requests(tiny, tmp_path):
     # Fixed acceptance (3 tokens a step) exercises several positions, and makes steps overshoot
     # max_new_tokens, so overlap scheduling runs steps for requests already finished.
     env = {"SGLANG_SIMULATE_ACC_LEN": "3"}
-    config = server.ServerConfig("dflash", target, draft, 8, "cpu", extra, env)
+    config = server.ServerConfig("dflash-fixed", target, draft, 8, "cpu", extra, env)
     with server.ServerProcess(config, str(tmp_path / "server.log")) as proc:
         time.sleep(2.0)  # start-up health checks decode too; let them be published first
         before = server.dflash_counters(server.prometheus_samples(proc.url))
@@ -191,5 +191,6 @@ def test_server_metrics_match_requests(tiny, tmp_path):
     for k in range(1, 8):  # position k accepted in a step iff the step accepted >= k drafts
         at_least_k = sum(c for length, c in hist.items() if length - 1 >= k)
         assert window["position_accept_rate"][k] == pytest.approx(at_least_k / steps)
+    assert set(window["verify_width_histogram"]) == {8}  # the fixed width, every decode step
     labelled = [line for line in text.splitlines() if line.startswith("sglang:dflash_verify_steps_total{")]
     assert labelled and all('model_name="' in line and 'tp_rank="0"' in line for line in labelled)

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.sglang
 def test_simulated_acceptance_length(tiny, monkeypatch):
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
+    monkeypatch.setenv("SGLANG_DFLASH_ADAPTIVE_WIDTH", "0")  # every step at the full width
     engine = engines.start(*tiny.pair("a"), 8)
     try:
         sampling = {"max_new_tokens": 31, "temperature": 0.0, "ignore_eos": True}

@@ -73,7 +73,7 @@ def served(request, tiny):
         want = {bs: _run(engine, bs, routed) for bs in (1, 8)}
     finally:
         engines.shutdown(engine)
-    engine = engines.start(target, tiny.draft("a"), **flags, **spec_flags)
+    engine = engines.start(target, tiny.draft("a"), fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
 

@@ -73,7 +73,7 @@ def served(prompt_ids):
         base_processed = engines.submit(engine, _processor_requests(prompt_ids))
     finally:
         engines.shutdown(engine)
-    engine = engines.start(target, draft, B, **flags)
+    engine = engines.start(target, draft, B, fixed_width=True, **flags)  # measures the draft
     try:
         spec = engines.generate(engine, prompt_ids, GREEDY, len(prompt_ids))
         implementation = engines.server_state(engine)["dflash_implementation"]

@@ -24,7 +24,9 @@ from typing import Optional
 
 import requests
 
-CONFIGS = ("baseline", "dflash", "dflash-builtin")
+# dflash: this package, verify width adaptive (the CPU default); dflash-fixed: this package with
+# the width fixed at B (SGLANG_DFLASH_ADAPTIVE_WIDTH=0); dflash-builtin: SGLang's own worker.
+CONFIGS = ("baseline", "dflash", "dflash-fixed", "dflash-builtin")
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
 CPU_ARGS += ["--max-total-tokens", "8192"]
@@ -58,6 +60,8 @@ class ServerConfig:
         args += ["--host", "127.0.0.1", "--port", str(port)]
         args += CPU_ARGS if self.device == "cpu" else []
         if self.name != "baseline":
+            # Prometheus counters: acceptance and chosen widths per level.
+            args += ["--enable-metrics"] if "--enable-metrics" not in self.extra_args else []
             args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", self.draft]
             if self.num_draft_tokens:
                 args += ["--speculative-num-draft-tokens", str(self.num_draft_tokens)]
@@ -70,6 +74,8 @@ class ServerConfig:
         env.pop("SGLANG_DFLASH_IMPL", None)
         if self.name == "dflash-builtin":
             env["SGLANG_DFLASH_IMPL"] = "builtin"
+        if self.name == "dflash-fixed":
+            env["SGLANG_DFLASH_ADAPTIVE_WIDTH"] = "0"
         if self.name == "baseline":  # simulated acceptance means nothing without speculation
             env.pop("SGLANG_SIMULATE_ACC_LEN", None)
         env.update({k: str(v) for k, v in self.env.items()})
@@ -138,7 +144,7 @@ class ServerProcess:
             return
         impl = server_info(self.url)["internal_states"][0].get("dflash_implementation", "")
         ours = impl.startswith("sglang-dflash")
-        if ours != (self.config.name == "dflash"):
+        if ours != (self.config.name != "dflash-builtin"):
             raise RuntimeError(f"{self.config.name}: DFLASH is served by {impl or 'SGLang built-in'}")
 
     def stop(self) -> None:
@@ -198,7 +204,7 @@ def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
     if not samples:
         return None
     out = {"verify_steps": 0.0, "accepted_drafts": 0.0, "discarded_steps": 0.0}
-    out.update(buckets={}, positions={})
+    out.update(buckets={}, positions={}, verified={}, widths={})
     found = False
     for (name, labels), value in samples.items():
         labels = dict(labels)
@@ -215,7 +221,25 @@ def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
         elif name == "sglang:dflash_position_accepted_total":
             k = int(labels["position"])
             out["positions"][k] = out["positions"].get(k, 0.0) + value
+        elif name == "sglang:dflash_position_verified_total":
+            k = int(labels["position"])
+            out["verified"][k] = out["verified"].get(k, 0.0) + value
+        elif name == "sglang:dflash_verify_width_bucket":
+            le = float(labels["le"])
+            out["widths"][le] = out["widths"].get(le, 0.0) + value
     return out if found else None
+
+
+def _histogram_window(before: dict, after: dict) -> dict:
+    """Per-bucket counts between two cumulative Prometheus histogram snapshots {le: count},
+    keyed by the integer bucket (buckets are 0, 1, 2, ...)."""
+    cumulative = {le: after[le] - before.get(le, 0.0) for le in after}
+    hist, below = {}, 0.0
+    for le in sorted(cumulative):
+        if le != float("inf"):
+            hist[int(le)] = cumulative[le] - below
+            below = cumulative[le]
+    return {k: int(c) for k, c in hist.items() if c}
 
 
 def dflash_window(before: Optional[dict], after: Optional[dict]) -> dict:
@@ -226,21 +250,26 @@ def dflash_window(before: Optional[dict], after: Optional[dict]) -> dict:
     if steps <= 0:
         return {}
     accepted = after["accepted_drafts"] - before["accepted_drafts"]
-    cumulative = {le: after["buckets"][le] - before["buckets"].get(le, 0.0) for le in after["buckets"]}
-    hist, below = {}, 0.0
-    for le in sorted(cumulative):
-        if le != float("inf"):
-            hist[int(le) + 1] = cumulative[le] - below  # accept length = accepted drafts + 1
-            below = cumulative[le]
-    positions = after["positions"]
+    # accept length = accepted drafts + 1
+    hist = {n + 1: c for n, c in _histogram_window(before["buckets"], after["buckets"]).items()}
+    widths = _histogram_window(before.get("widths", {}), after.get("widths", {}))
+
+    def position_rate(k: int) -> Optional[float]:
+        accepted_k = after["positions"][k] - before["positions"].get(k, 0.0)
+        verified_k = after.get("verified", {}).get(k, steps) - before.get("verified", {}).get(k, 0.0)
+        return accepted_k / verified_k if verified_k > 0 else None
+
     return {
         "verify_steps": steps,
         "discarded_steps": after.get("discarded_steps", 0.0) - before.get("discarded_steps", 0.0),
         "accept_length_mean": 1.0 + accepted / steps,
-        "accept_length_histogram": {k: int(c) for k, c in hist.items() if c},
-        "position_accept_rate": {
-            k: (positions[k] - before["positions"].get(k, 0.0)) / steps for k in sorted(positions)
-        },
+        "accept_length_histogram": hist,
+        "position_accept_rate": {k: position_rate(k) for k in sorted(after["positions"])},
+        # Decode steps per chosen verify width (1 = speculation off for the step).
+        "verify_width_histogram": widths,
+        "verify_width_mean": (sum(w * c for w, c in widths.items()) / sum(widths.values()))
+        if widths
+        else None,
     }
 
 

@@ -1,0 +1,139 @@
+"""The verify-width policy's pure parts, against hand-computed values and simulated workloads."""
+
+import numpy as np
+import pytest
+
+from sglang_dflash.width_policy import (
+    AcceptanceEstimate,
+    StepCostModel,
+    WidthPolicy,
+    expected_commit,
+    policy_for,
+    step_features,
+)
+
+
+def test_expected_commit_by_hand():
+    assert expected_commit([0.5, 0.5]) == pytest.approx([1.0, 1.5, 1.75])
+    assert expected_commit([1.0, 1.0, 1.0]) == pytest.approx([1, 2, 3, 4])
+    assert expected_commit([0.0, 1.0]) == pytest.approx([1, 1, 1])
+
+
+def test_step_features_by_hand():
+    assert step_features(4, np.array([1, 3])).tolist() == [[1, 4, 0, 0, 4], [1, 4, 1, 4, 12]]
+
+
+def test_acceptance_counts_reached_and_accepted_positions():
+    est = AcceptanceEstimate(5, decay=1.0, prior_weight=0.0)
+    # Width 4 verifies positions 1..3. Accepted drafts 0, 1, 3 -> position 1 reached by all 3,
+    # accepted by 2; position 2 reached by 2, accepted by 1; position 3 reached by 1, accepted by 1.
+    est.observe([0, 1, 3], width=4)
+    assert est.reached.tolist() == [3, 2, 1, 0]
+    assert est.accepted.tolist() == [2, 1, 1, 0]
+    # Width 1 verifies nothing: no evidence.
+    est.observe([0, 0], width=1)
+    assert est.reached.tolist() == [3, 2, 1, 0]
+
+
+def test_unverified_positions_return_to_the_prior():
+    est = AcceptanceEstimate(3, decay=0.5, prior=0.6, prior_weight=1.0)
+    est.observe([2] * 10, width=3)
+    assert est.rates() == pytest.approx([10 / 11 + 0.6 / 11] * 2)
+    for _ in range(40):
+        est.observe([0], width=1)
+    assert est.rates() == pytest.approx([0.6, 0.6], abs=1e-6)
+
+
+def test_cost_model_recovers_a_linear_cost():
+    coef = np.array([2.0, 0.3, 1.5, 0.4, 0.05])  # ms
+    model = StepCostModel(forget=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        bs, width = int(rng.integers(1, 33)), int(rng.integers(1, 9))
+        model.observe(bs, width, float(step_features(bs, np.array([width]))[0] @ coef))
+    assert model.ready
+    widths = np.arange(1, 9)
+    assert model.predict(16, widths) == pytest.approx(step_features(16, widths) @ coef, rel=1e-4)
+
+
+def test_cost_model_is_not_ready_without_both_kinds_of_step():
+    model = StepCostModel()
+    for _ in range(10):
+        model.observe(4, 8, 0.01)
+        model.observe(4, 2, 0.008)
+    assert not model.ready  # never saw a step without the draft
+    for _ in range(3):
+        model.observe(4, 1, 0.004)
+    assert model.ready
+
+
+class Workload:
+    """A simulated server: per-position acceptance `rate` (every position alike), and a step cost
+    linear in the batch and the verified tokens, with a draft that costs as much as `draft_ms`."""
+
+    def __init__(self, rate, rest_ms=1.0, per_req_ms=0.5, draft_ms=0.8, per_token_ms=0.12, seed=0):
+        self.rate, self.rng = rate, np.random.default_rng(seed)
+        self.coef = np.array([rest_ms, per_req_ms, draft_ms, draft_ms, per_token_ms]) * 1e-3
+
+    def step(self, policy: WidthPolicy, bs: int) -> tuple[int, float, int]:
+        width = policy.choose(bs)
+        seconds = float(step_features(bs, np.array([width]))[0] @ self.coef)
+        accepted = []
+        for _ in range(bs):
+            n = 0
+            while n < width - 1 and self.rng.random() < self.rate:
+                n += 1
+            accepted.append(n)
+        policy.observe_step(bs, width, seconds)
+        policy.observe_acceptance(accepted, width)
+        return width, seconds, bs + sum(accepted)
+
+
+def run(policy, workload, bs, steps=400):
+    widths = [workload.step(policy, bs)[0] for _ in range(steps)]
+    return widths[-200:]
+
+
+def most_common(widths):
+    return max(set(widths), key=widths.count)
+
+
+def test_never_accepted_drafts_turn_speculation_off():
+    policy = WidthPolicy(8)
+    widths = run(policy, Workload(rate=0.0), bs=1)
+    assert most_common(widths) == 1
+    assert widths.count(1) >= 0.9 * len(widths)  # the rest are probes
+
+
+def test_always_accepted_drafts_keep_the_full_width():
+    policy = WidthPolicy(8)
+    widths = run(policy, Workload(rate=1.0), bs=1)
+    assert widths.count(8) >= 0.9 * len(widths)
+
+
+def test_large_batches_on_a_compute_bound_device_turn_speculation_off():
+    # At bs 32 the draft (0.8 + 0.8*32 ms) and the wider verify cost more than 0.7 acceptance gains.
+    policy = WidthPolicy(8)
+    assert most_common(run(policy, Workload(rate=0.7), bs=32)) == 1
+    # The same policy, once the load drops to one request, speculates again.
+    assert most_common(run(policy, Workload(rate=0.7), bs=1)) > 1
+
+
+def test_the_chosen_width_maximises_simulated_throughput():
+    workload = Workload(rate=0.6)
+    policy = WidthPolicy(8)
+    run(policy, workload, bs=4)
+    chosen = policy.best_width(4)
+    commit = expected_commit([0.6] * 7)
+    rate = commit / (step_features(4, np.arange(1, 9)) @ workload.coef)
+    assert rate[chosen - 1] >= 0.97 * rate.max()
+
+
+def test_policy_for_the_switch():
+    assert policy_for(8, "cpu", None)[0] is not None
+    assert policy_for(8, "cpu", "0")[0] is None
+    assert policy_for(8, "cuda", None)[0] is None  # verify graphs exist for the full width only
+    assert policy_for(8, "cuda", "1")[0] is not None
+    assert policy_for(1, "cpu", "1")[0] is None
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_ADAPTIVE_WIDTH"):
+        policy_for(8, "cpu", "yes")
