@@ -7,7 +7,8 @@ scheduler process; each step then appends one JSON line to `<path>`:
     {"pid": 123, "kind": "decode", "bs": 4, "width": 8, "t_start": 812.1034, "t_end": 812.1101,
      "phases": {"draft": 2.1, "verify": 3.4, "accept": 0.2, "inject": 0.9}, "io_ms": 0.02}
 
-`width` is the step's verify width (decode steps; 1 = no draft). `t_start` / `t_end` are
+`width` is the step's verify width (decode steps; 1 = no draft) and `probe` whether the width
+policy chose it to measure it rather than as the best (`width_policy.py`). `t_start` / `t_end` are
 `time.perf_counter()` seconds at the first phase's start and the last phase's end; `phases` are
 milliseconds (a phase entered twice in a step adds up); `io_ms` is the time this timer spent
 writing the *previous* record, so a reader can take it out of the gap between steps.
@@ -75,7 +76,9 @@ class StepTimer:
             self._t_end = end
             self._phases[name] = self._phases.get(name, 0.0) + (end - start) * 1e3
 
-    def end_step(self, batch_size: int, kind: str = "decode", width: Optional[int] = None) -> None:
+    def end_step(
+        self, batch_size: int, kind: str = "decode", width: Optional[int] = None, probe: bool = False
+    ) -> None:
         """Close the step: write its record (if any phase ran) and start the next one."""
         if not self.enabled or self._t_start is None:
             return
@@ -83,7 +86,7 @@ class StepTimer:
             "pid": os.getpid(),
             "kind": kind,
             "bs": int(batch_size),
-            **({} if width is None else {"width": int(width)}),
+            **({} if width is None else {"width": int(width), "probe": bool(probe)}),
             "t_start": self._t_start,
             "t_end": self._t_end,
             "phases": {name: round(ms, 6) for name, ms in self._phases.items()},

@@ -14,14 +14,16 @@ For a step with `bs` requests it picks, among W = 1 .. B (`--speculative-num-dra
                  \\_ rest _/   \\______ draft ______/   \\ verify /
 
   `W = 1` runs no draft (the target's plain decode forward); `W > 1` runs the draft's whole block
-  whatever W is, and verifies `bs*W` tokens.
+  whatever W is, and verifies `bs*W` tokens. Where the exact (bs, W) was measured recently, that
+  measurement replaces the model's prediction (`WidthPolicy.step_seconds`).
 
 Both estimates forget the past exponentially, so they follow a changing load. Widths the policy
-stops choosing would never be measured again, so every `probe_every` steps it verifies a width
-from `probe_widths` instead (in turn: no draft, the narrowest draft, the full width, which
-refreshes every position's acceptance). Until the cost model has seen both kinds of step (with
-and without the draft, and two draft widths, each twice), every step is a probe: the first six
-decode steps of a server.
+stops choosing would never be measured again, so every `probe_every` steps (every 4th step in
+the first `early_steps`, while start-up costs settle) it verifies a probe width instead, in
+turn: no draft, the full width (which refreshes every position's acceptance), no draft, the
+narrowest draft. Until the cost model has seen steps with and without the draft, and two draft
+widths, every step is a probe. And when the load reaches a batch size with no recent
+measurement of no draft, or of the full width, within a factor 1.5, the next step measures it.
 
 All of it is host arithmetic on a handful of floats: no device work and no sync.
 """
@@ -34,6 +36,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+RECENT_STEPS = 256  # a measured (batch size, width) cost is trusted this many steps
+FRESH_STEPS = 32  # a new interval is averaged with one this recent, and replaces an older one
+RECENT_WEIGHT = 0.25  # weight of a new interval in its (batch size, width) moving average
+SPIKE_FACTOR = 2.0  # a new interval counts as at most this many times its cell's average
+EARLY_PROBE_EVERY = 4  # probe spacing in the policy's first `early_steps` steps
+NEAR = 1.5  # batch sizes within this factor of each other count as near
+DRAFT_MARGIN = 1.05  # a draft width is chosen only if it promises this much more than none
+NARROW_MARGIN = 1.03  # a narrower draft width only if it promises this much more than the full
 
 
 def expected_commit(rates: Sequence[float]) -> np.ndarray:
@@ -61,15 +72,23 @@ class AcceptanceEstimate:
     """Exponentially weighted counts of how often each draft position was reached and accepted.
 
     A request-step that verified width W and accepted n drafts reached positions 1..min(n+1, W-1)
-    and accepted positions 1..n. Positions a step did not verify get no evidence; as their counts
-    decay, their rate returns to `prior`.
+    and accepted positions 1..n. The counts of the positions a step verified decay by `decay`
+    per step; those of positions it did not verify get no evidence and decay only by
+    `idle_decay`, slowly returning their rate to `prior` (a step without the draft must not
+    make the draft look better).
     """
 
     def __init__(
-        self, num_draft_tokens: int, decay: float = 0.98, prior: float = 0.6, prior_weight: float = 2.0
+        self,
+        num_draft_tokens: int,
+        decay: float = 0.98,
+        idle_decay: float = 0.999,
+        prior: float = 0.6,
+        prior_weight: float = 1.0,
     ):
         self.num_positions = num_draft_tokens - 1
         self.decay = decay
+        self.idle_decay = idle_decay
         self.prior = prior
         self.prior_weight = prior_weight
         self.reached = np.zeros(self.num_positions)
@@ -77,10 +96,14 @@ class AcceptanceEstimate:
 
     def observe(self, num_accepted: Sequence[int], width: int) -> None:
         """One verify step: accepted drafts per request (host ints) at verify width `width`."""
-        self.reached *= self.decay
-        self.accepted *= self.decay
         verified = min(width, self.num_positions + 1) - 1  # positions 1..verified were proposed
-        if verified <= 0 or len(num_accepted) == 0:
+        if len(num_accepted) == 0:
+            return
+        verified = max(verified, 0)
+        factors = np.where(np.arange(self.num_positions) < verified, self.decay, self.idle_decay)
+        self.reached *= factors
+        self.accepted *= factors
+        if verified == 0:
             return
         counts = np.bincount(
             np.minimum(np.asarray(num_accepted, dtype=np.int64), verified), minlength=verified + 1
@@ -149,6 +172,7 @@ class WidthPolicy:
         num_draft_tokens: int,
         *,
         probe_every: int = 32,
+        early_steps: int = 128,
         acceptance: Optional[AcceptanceEstimate] = None,
         cost: Optional[StepCostModel] = None,
     ):
@@ -157,25 +181,84 @@ class WidthPolicy:
         self.acceptance = acceptance or AcceptanceEstimate(self.max_width)
         self.cost = cost or StepCostModel(draft_widths_needed=min(2, self.max_width - 1))
         self.probe_every = probe_every
+        self.early_steps = early_steps
         # Probes: the full width (refreshes every position's rate), no draft, the narrowest draft.
-        self.probe_widths = list(dict.fromkeys([self.max_width, 1, min(2, self.max_width)]))
+        self.probe_widths = [1, self.max_width, 1, min(2, self.max_width)]
         self.steps = 0
+        self.probing = False  # whether the last choice was a probe
         self._probes = 0
+        # (bs, width) -> (moving average of its recent step intervals, step of the last one)
+        self.recent: dict[tuple[int, int], tuple[float, int]] = {}
 
     def choose(self, bs: int) -> int:
         """The verify width for the next decode step of `bs` requests."""
         self.steps += 1
         if self.max_width == 1:
             return 1
-        if not self.cost.ready or self.steps % self.probe_every == 0:
+        every = EARLY_PROBE_EVERY if self.steps <= self.early_steps else self.probe_every
+        self.probing = not self.cost.ready or self.steps % every == 0
+        if self.probing:
             self._probes += 1
             return self.probe_widths[self._probes % len(self.probe_widths)]
+        # The two ends, no draft and the full width, are measured near every batch size the
+        # load reaches before the model's extrapolation is trusted: a width it overestimates
+        # would otherwise never be chosen, so never measured.
+        for width in (1, self.max_width):
+            if not self._measured_near(bs, width):
+                self.probing = True
+                return width
         return self.best_width(bs)
 
+    def _measured_near(self, bs: int, width: int) -> bool:
+        """Was `width` measured recently at a batch size within a factor NEAR of `bs`?"""
+        for (measured_bs, measured_width), (_, step) in self.recent.items():
+            if (
+                measured_width == width
+                and self.steps - step <= RECENT_STEPS
+                and bs / NEAR <= measured_bs <= bs * NEAR
+            ):
+                return True
+        return False
+
     def best_width(self, bs: int) -> int:
+        """The width of highest expected tokens per second, with margins against the noise of
+        the estimates (picking whichever width had the luckiest measurement): a narrower draft
+        width must beat the full width by `NARROW_MARGIN`, and the chosen draft width must beat
+        no draft by `DRAFT_MARGIN`, so near-ties neither waste verified tokens nor run the
+        draft for nothing."""
         commit = expected_commit(self.acceptance.rates())
-        seconds = np.maximum(self.cost.predict(bs, self.widths), 1e-6)
-        return int(self.widths[int(np.argmax(commit / seconds))])
+        rate = commit / np.maximum(self.step_seconds(bs), 1e-6)
+        full = self.max_width - 1
+        best = int(np.argmax(rate[1:])) + 1
+        if rate[best] <= NARROW_MARGIN * rate[full]:
+            best = full
+        return int(self.widths[best]) if rate[best] > DRAFT_MARGIN * rate[0] else 1
+
+    def step_seconds(self, bs: int) -> np.ndarray:
+        """[B] step cost at each width for `bs` requests: the model, corrected by recent
+        measurements. Costs are not linear over a wide range of batch sizes (attention over
+        padded contexts), so the model's extrapolation can be far off. For each width, the
+        recent measurement at the nearest batch size (exactly `bs` when there is one) scales the
+        model by measured / predicted there; a width the model wrongly favours is measured the
+        first time it is chosen, and from then on the measurement decides.
+        E.g., model 10 ms at (bs 32, W 4); measured 30 ms vs model 20 ms at (16, 4) -> 15 ms."""
+        seconds = self.cost.predict(bs, self.widths)
+        nearest: dict[int, tuple[float, int, float]] = {}  # width -> (distance, bs, measured)
+        for (measured_bs, width), (measured, step) in self.recent.items():
+            if self.steps - step > RECENT_STEPS:
+                continue
+            distance = abs(np.log(measured_bs / bs))
+            if width not in nearest or distance < nearest[width][0]:
+                nearest[width] = (distance, measured_bs, measured)
+        for width, (_, measured_bs, measured) in nearest.items():
+            i = width - 1
+            if measured_bs == bs:
+                seconds[i] = measured
+            else:
+                predicted = float(self.cost.predict(measured_bs, self.widths[i : i + 1])[0])
+                if predicted > 0:
+                    seconds[i] *= measured / predicted
+        return seconds
 
     def observe_step(self, bs: int, width: int, seconds: float) -> None:
         """The host interval from the start of a decode step to the start of the next decode
@@ -183,6 +266,12 @@ class WidthPolicy:
         interval is kept: rejecting those far from the prediction would let a wrong model
         reject the evidence that corrects it."""
         self.cost.observe(bs, width, seconds)
+        previous = self.recent.get((bs, width))
+        if previous is not None and self.steps - previous[1] <= FRESH_STEPS:
+            # A spike (a pause of the whole process) moves the average by at most one step.
+            seconds = min(seconds, SPIKE_FACTOR * previous[0])
+            seconds = (1 - RECENT_WEIGHT) * previous[0] + RECENT_WEIGHT * seconds
+        self.recent[(bs, width)] = (seconds, self.steps)  # an older one is replaced
 
     def observe_acceptance(self, num_accepted: Sequence[int], width: int) -> None:
         self.acceptance.observe(num_accepted, width)

@@ -59,6 +59,7 @@ from sglang_dflash.width_policy import ENV_VAR as ADAPTIVE_WIDTH_ENV
 from sglang_dflash.width_policy import policy_for
 
 OFF_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"  # decode | verify: override the start-up choice
+COLD_DECODE_STEPS = 8  # a server's first decode steps, whose intervals the width policy ignores
 
 logger = logging.getLogger(__name__)
 
@@ -157,12 +158,15 @@ class DFlashWorker(BaseSpecWorker):
         )
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
+        self.test_width1_steps = int(os.environ.get("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "0"))
         self.timer = StepTimer.from_env(self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
         # The verify width per step: adaptive (`width_policy.py`) or always B.
         self.width_policy, width_choice = policy_for(
             self.num_draft_tokens, torch.device(self.device).type, os.environ.get(ADAPTIVE_WIDTH_ENV)
         )
-        self._last_decode: Optional[tuple[float, int, int]] = None  # (start, bs, width) of the last step
+        # (start, bs, width, measured) of the last decode step; None after an extend or idle step.
+        self._last_decode: Optional[tuple[float, int, int, bool]] = None
+        self._decode_steps = 0
         self.decode_when_off, off_forward = self._choose_off_forward()
         width_choice += f"; width 1 runs {off_forward}"
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
@@ -371,7 +375,9 @@ class DFlashWorker(BaseSpecWorker):
             self._hand_over_hidden_states(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, proposals)
-        self.timer.end_step(bs, width=width)
+        self.timer.end_step(
+            bs, width=width, probe=self.width_policy is not None and self.width_policy.probing
+        )
 
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -405,14 +411,22 @@ class DFlashWorker(BaseSpecWorker):
         """This step's verify width, and the interval since the last decode step's start fed to
         the policy's cost model (host clocks only)."""
         now = time.perf_counter()
-        if self.width_policy is None:
+        if self.test_width1_steps > 0:  # test aid: speculation off for the first N decode steps
+            self.test_width1_steps -= 1
+            width = 1
+        elif self.width_policy is None:
             width = self.num_draft_tokens
         else:
-            if self._last_decode is not None:
-                start, last_bs, last_width = self._last_decode
+            if self._last_decode is not None and self._last_decode[3]:
+                start, last_bs, last_width, _ = self._last_decode
                 self.width_policy.observe_step(last_bs, last_width, now - start)
             width = self.width_policy.choose(bs)
-        self._last_decode = (now, bs, width)
+        # Intervals that are not a step's steady cost are not measured: the server's first
+        # decode steps (one-time start-up costs), and the first decode step after an extend
+        # (the scheduler also settles the extend's results in it).
+        self._decode_steps += 1
+        measured = self._last_decode is not None and self._decode_steps > COLD_DECODE_STEPS
+        self._last_decode = (now, bs, width, measured)
         if self.metrics is not None:
             self.metrics.observe_width(width)
         return width

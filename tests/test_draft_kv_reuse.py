@@ -20,13 +20,16 @@ pytestmark = pytest.mark.sglang
 PROMPT = engines.prompts(1, seed=21, min_len=24, max_len=24)[0]
 
 
-def _run(tiny, trace_path, skip_decode_injection: bool):
+def _run(tiny, trace_path, skip_decode_injection: bool, width1_steps: int = 0):
     env = {"SGLANG_DFLASH_TRACE_PROPOSALS": str(trace_path)}
     if skip_decode_injection:
         env["SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"] = "1"
+    if width1_steps:
+        env["SGLANG_DFLASH_TEST_WIDTH1_STEPS"] = str(width1_steps)
     os.environ.update(env)
     try:
-        engine = engines.start(*tiny.pair("a"), 8)
+        # Fixed width: the warm and cold runs must verify the same windows to compare them.
+        engine = engines.start(*tiny.pair("a"), 8, fixed_width=True)
     finally:
         for key in env:
             os.environ.pop(key)
@@ -51,8 +54,14 @@ def _run(tiny, trace_path, skip_decode_injection: bool):
     return warm, cold, steps["warm"], steps["cold"]
 
 
-def test_cached_prefix_gives_the_same_draft_proposals(tiny, tmp_path):
-    warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_decode_injection=False)
+@pytest.mark.parametrize("width1_steps", [0, 20], ids=["speculating", "after-width-1-steps"])
+def test_cached_prefix_gives_the_same_draft_proposals(tiny, tmp_path, width1_steps):
+    """With `after-width-1-steps`, the first 20 tokens of the cached prefix's generated part
+    were committed by steps with speculation off (no draft forward, well within the first
+    request): their injection alone keeps the draft store current."""
+    warm, cold, warm_steps, cold_steps = _run(
+        tiny, tmp_path / "trace.jsonl", skip_decode_injection=False, width1_steps=width1_steps
+    )
     assert warm["output_ids"] == cold["output_ids"]
     assert warm_steps == cold_steps
 

@@ -43,8 +43,18 @@ N_SAMPLES = 1000
 SAMPLE_PROMPT = PROMPTS[3]
 
 TARGETS = ["next", "q35", "q35moe", "q35vl"]
-# (target, verify width B, state commit on); the last one shows the comparison can fail.
-CONFIGS = [("next", 4, True), ("q35", 8, True), ("q35moe", 4, True), ("q35vl", 4, True), ("q35", 4, False)]
+# (target, verify width B, state commit on, verify width: "fixed" at B, "adaptive" (width 1 as a
+# verify over one token, the CPU default), or "adaptive-decode" (width 1 as the target's decode
+# forward, which advances the linear-attention state itself)); the no-commit one shows the
+# comparison can fail.
+CONFIGS = [
+    ("next", 4, True, "fixed"),
+    ("q35", 8, True, "fixed"),
+    ("q35moe", 4, True, "adaptive"),
+    ("q35vl", 4, True, "fixed"),
+    ("next", 4, True, "adaptive-decode"),
+    ("q35", 4, False, "fixed"),
+]
 DEFAULT_FLAGS = {"next"}  # started without the mamba flags above
 
 
@@ -118,22 +128,29 @@ def test_engine_matches_transformers(tiny, reference, name):
             torch.testing.assert_close(torch.tensor(reference[name]["scored"][i]), want, atol=1e-4, rtol=0)
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}{'' if c[2] else '-no-commit'}")
+@pytest.fixture(
+    scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}{'' if c[2] else '-no-commit'}-{c[3]}"
+)
 def dflash(request, tiny, reference):
-    name, width, commit = request.param
+    name, width, commit, mode = request.param
     if not commit:
         os.environ["SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"] = "1"
+    if mode == "adaptive-decode":
+        os.environ["SGLANG_DFLASH_WIDTH1_FORWARD"] = "decode"
     try:
         flags = (
             {k: v for k, v in HYBRID.items() if "mamba" not in k and "overlap" not in k}
             if name in DEFAULT_FLAGS
             else HYBRID
         )
-        engine = engines.start(tiny.hybrid_target(name), tiny.draft("a"), width, **flags)
+        engine = engines.start(
+            tiny.hybrid_target(name), tiny.draft("a"), width, fixed_width=mode == "fixed", **flags
+        )
     finally:
         os.environ.pop("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", None)
+        os.environ.pop("SGLANG_DFLASH_WIDTH1_FORWARD", None)
     idle = engines.load(engine)
-    yield name, commit, engine
+    yield name, commit, mode, engine
     # Everything below ran on this engine: KV and mamba slots must be back at idle.
     engines.flush_cache(engine)
     after = engines.load(engine)
@@ -143,7 +160,7 @@ def dflash(request, tiny, reference):
 
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
 def test_greedy_matches_target(dflash, reference, batch_size):
-    name, commit, engine = dflash
+    name, commit, mode, engine = dflash
     if not commit and batch_size != 4:
         pytest.skip("the no-commit engine runs one batch size")
     out = engines.generate(engine, PROMPTS, GREEDY, batch_size)
@@ -155,6 +172,8 @@ def test_greedy_matches_target(dflash, reference, batch_size):
         return
     assert not mismatches, f"prompts {mismatches} differ, e.g. {got[mismatches[0]]} vs {want[mismatches[0]]}"
     assert all(o["meta_info"]["spec_verify_ct"] >= 1 for o in out)
+    if mode != "fixed":
+        return  # the policy may rightly turn speculation off; the fixed engines show it commits
     # Some verify committed accepted proposals too, not only the bonus token (the first token
     # comes from the prefill, each verify commits the bonus plus what it accepted).
     meta = [o["meta_info"] for o in out]
@@ -162,7 +181,7 @@ def test_greedy_matches_target(dflash, reference, batch_size):
 
 
 def test_prefix_cache_round_and_abort(dflash, reference):
-    name, commit, engine = dflash
+    name, commit, _, engine = dflash
     if not commit:
         pytest.skip("served correctly only with the commit")
     engines.flush_cache(engine)
@@ -178,7 +197,7 @@ def test_prefix_cache_round_and_abort(dflash, reference):
 
 
 def test_sampled_distribution_matches_the_target(dflash, reference):
-    name, commit, engine = dflash
+    name, commit, _, engine = dflash
     if name != "q35" or not commit:
         pytest.skip("sampled on one target")
     got = [tuple(o["output_ids"]) for o in engines.generate(engine, [SAMPLE_PROMPT] * N_SAMPLES, SAMPLED, 50)]

@@ -24,7 +24,7 @@ def test_step_features_by_hand():
 
 
 def test_acceptance_counts_reached_and_accepted_positions():
-    est = AcceptanceEstimate(5, decay=1.0, prior_weight=0.0)
+    est = AcceptanceEstimate(5, decay=1.0, idle_decay=1.0, prior_weight=0.0)
     # Width 4 verifies positions 1..3. Accepted drafts 0, 1, 3 -> position 1 reached by all 3,
     # accepted by 2; position 2 reached by 2, accepted by 1; position 3 reached by 1, accepted by 1.
     est.observe([0, 1, 3], width=4)
@@ -35,11 +35,17 @@ def test_acceptance_counts_reached_and_accepted_positions():
     assert est.reached.tolist() == [3, 2, 1, 0]
 
 
-def test_unverified_positions_return_to_the_prior():
-    est = AcceptanceEstimate(3, decay=0.5, prior=0.6, prior_weight=1.0)
+def test_unverified_positions_return_slowly_to_the_prior():
+    est = AcceptanceEstimate(3, decay=0.5, idle_decay=0.9, prior=0.6, prior_weight=1.0)
     est.observe([2] * 10, width=3)
     assert est.rates() == pytest.approx([10 / 11 + 0.6 / 11] * 2)
-    for _ in range(40):
+    est.observe([0], width=2)  # position 1 verified (rejected): decays fast; position 2: slowly
+    assert est.reached.tolist() == pytest.approx([5 + 1, 9])
+    assert est.accepted.tolist() == pytest.approx([5, 9])
+    for _ in range(3):
+        est.observe([0], width=1)  # no draft: no evidence, slow decay everywhere
+    assert est.rates()[1] == pytest.approx((9 * 0.729 + 0.6) / (9 * 0.729 + 1))
+    for _ in range(300):
         est.observe([0], width=1)
     assert est.rates() == pytest.approx([0.6, 0.6], abs=1e-6)
 
@@ -137,3 +143,48 @@ def test_policy_for_the_switch():
     assert policy_for(1, "cpu", "1")[0] is None
     with pytest.raises(ValueError, match="SGLANG_DFLASH_ADAPTIVE_WIDTH"):
         policy_for(8, "cpu", "yes")
+
+
+def test_a_recent_measurement_overrides_the_model():
+    policy = WidthPolicy(8)
+    for _ in range(50):
+        for width, ms in [(1, 4.0), (2, 8.0), (8, 12.0)]:
+            policy.observe_step(1, width, ms * 1e-3)
+    policy.observe_step(1, 5, 0.050)  # width 5 measured far above the model's line
+    model = policy.cost.predict(1, np.arange(1, 9))
+    assert model[4] < 0.02
+    seconds = policy.step_seconds(1)
+    assert seconds[4] == pytest.approx(0.050)
+    # Measured widths keep their own averages; the others follow the model.
+    assert seconds[[0, 1, 7]] == pytest.approx([0.004, 0.008, 0.012])
+    assert seconds[[2, 3, 5, 6]] == pytest.approx(model[[2, 3, 5, 6]])
+
+
+def test_a_measurement_at_a_nearby_batch_size_scales_the_model():
+    policy = WidthPolicy(8)
+    for bs in (1, 2):
+        for _ in range(50):
+            for width, ms in [(1, 4.0), (2, 8.0), (8, 12.0)]:
+                policy.observe_step(bs, width, bs * ms * 1e-3)
+    # Width 4 measured at bs 8 at three times the model's line (set directly: a real
+    # observation would also move the model).
+    policy.recent[(8, 4)] = (3 * policy.cost.predict(8, np.array([4]))[0], policy.steps)
+    model = policy.cost.predict(16, np.arange(1, 9))
+    seconds = policy.step_seconds(16)
+    assert seconds[3] == pytest.approx(3 * model[3])
+    assert seconds[[2, 4, 5, 6]] == pytest.approx(model[[2, 4, 5, 6]])  # never measured
+    # Width 8 was measured at bs 2 and bs 1: the nearer (2) corrects it.
+    assert seconds[7] == pytest.approx(model[7] * 0.024 / policy.cost.predict(2, np.array([8]))[0])
+
+
+def test_a_new_batch_size_is_measured_at_both_ends_first():
+    policy = WidthPolicy(8)
+    run(policy, Workload(rate=0.7), bs=1)
+    first = []
+    for _ in range(2):
+        first.append(policy.choose(32))
+        assert policy.probing
+        policy.observe_step(32, first[-1], 0.01)
+    assert first == [1, 8]
+    policy.choose(32)
+    assert not policy.probing or policy.steps % policy.probe_every == 0

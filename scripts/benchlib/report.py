@@ -179,7 +179,7 @@ def require_plotting() -> None:
 
 
 def plot(results: dict, out_dir: str) -> list:
-    """throughput.png, latency.png and (if any run reported acceptance) acceptance.png."""
+    """throughput.png, latency.png, and when runs reported them, acceptance.png and widths.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,7 +244,30 @@ def plot(results: dict, out_dir: str) -> list:
             ax.legend(fontsize=8)
         fig.suptitle("Acceptance length distribution" + suffix, fontsize=10)
         paths.append(_save(fig, out_dir, "acceptance.png"))
+
+    width_runs = [run for run in results["runs"] if any(_widths(lvl) for lvl in run["levels"])]
+    if width_runs:
+        fig, axes = plt.subplots(1, len(width_runs), figsize=(6 * len(width_runs), 4.2), squeeze=False)
+        for ax, run in zip(axes[0], width_runs):
+            levels = [lvl for lvl in run["levels"] if _widths(lvl)]
+            labels = [str(lvl["concurrency"]) for lvl in levels]
+            all_widths = sorted({w for lvl in levels for w in _widths(lvl)})
+            bottom = [0.0] * len(levels)
+            for w in all_widths:
+                shares = [_widths(lvl).get(w, 0) / sum(_widths(lvl).values()) for lvl in levels]
+                ax.bar(labels, shares, bottom=bottom, label=f"W={w}" + (" (no draft)" if w == 1 else ""))
+                bottom = [b + x for b, x in zip(bottom, shares)]
+            ax.set(title=run["server"], xlabel="concurrency", ylabel="fraction of decode steps")
+            ax.legend(fontsize=7)
+        fig.suptitle("Verify width chosen per decode step" + suffix, fontsize=10)
+        paths.append(_save(fig, out_dir, "widths.png"))
     return paths
+
+
+def _widths(level: dict) -> dict:
+    """{verify width: decode steps}, from the server's counters (empty if it did not report)."""
+    hist = (level.get("server_acceptance") or {}).get("verify_width_histogram") or {}
+    return {int(k): v for k, v in hist.items()}
 
 
 def _concurrency_axis(ax, results: dict) -> None:
