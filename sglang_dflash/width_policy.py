@@ -13,9 +13,12 @@ For a step with `bs` requests it picks, among W = 1 .. B (`--speculative-num-dra
       T(bs, W) = c0 + c1*bs + [W > 1] * (c2 + c3*bs) + c4 * bs*W
                  \\_ rest _/   \\______ draft ______/   \\ verify /
 
-  `W = 1` runs no draft (the target's plain decode forward); `W > 1` runs the draft's whole block
-  whatever W is, and verifies `bs*W` tokens. Where the exact (bs, W) was measured recently, that
-  measurement replaces the model's prediction (`WidthPolicy.step_seconds`).
+  `W = 1` runs no draft (the target forward over one token per request); `W > 1` runs the
+  draft's whole block whatever W is, and verifies `bs*W` tokens. Recent measurements correct
+  the model: at the exact (bs, W) they replace it, at a nearby batch size they scale it
+  (`WidthPolicy.step_seconds`).
+* Margins against the noise of both estimates: a narrower draft width must beat the full
+  width by 3%, and a draft width must beat no draft by 5%.
 
 Both estimates forget the past exponentially, so they follow a changing load. Widths the policy
 stops choosing would never be measured again, so every `probe_every` steps (every 4th step in
@@ -40,7 +43,7 @@ logger = logging.getLogger(__name__)
 RECENT_STEPS = 256  # a measured (batch size, width) cost is trusted this many steps
 FRESH_STEPS = 32  # a new interval is averaged with one this recent, and replaces an older one
 RECENT_WEIGHT = 0.25  # weight of a new interval in its (batch size, width) moving average
-SPIKE_FACTOR = 2.0  # a new interval counts as at most this many times its cell's average
+SPIKE_FACTOR = 1.25  # a new interval counts as at most this many times its current estimate
 EARLY_PROBE_EVERY = 4  # probe spacing in the policy's first `early_steps` steps
 NEAR = 1.5  # batch sizes within this factor of each other count as near
 DRAFT_MARGIN = 1.05  # a draft width is chosen only if it promises this much more than none
@@ -264,12 +267,19 @@ class WidthPolicy:
         """The host interval from the start of a decode step to the start of the next decode
         step (the worker drops intervals with a prefill or an idle batch in between). Every
         interval is kept: rejecting those far from the prediction would let a wrong model
-        reject the evidence that corrects it."""
+        reject the evidence that corrects it. Spikes (a pause of the whole process) are
+        clipped instead: each interval counts as at most SPIKE_FACTOR times the current
+        estimate, so a real change of cost still comes through, a bounded step at a time."""
+        raw = seconds
+        if self.cost.ready:
+            predicted = float(self.cost.predict(bs, np.array([width]))[0])
+            if predicted > 0:
+                seconds = min(seconds, SPIKE_FACTOR * predicted)
         self.cost.observe(bs, width, seconds)
+        seconds = raw
         previous = self.recent.get((bs, width))
         if previous is not None and self.steps - previous[1] <= FRESH_STEPS:
-            # A spike (a pause of the whole process) moves the average by at most one step.
-            seconds = min(seconds, SPIKE_FACTOR * previous[0])
+            seconds = min(seconds, SPIKE_FACTOR * previous[0])  # a spike, clipped
             seconds = (1 - RECENT_WEIGHT) * previous[0] + RECENT_WEIGHT * seconds
         self.recent[(bs, width)] = (seconds, self.steps)  # an older one is replaced
 

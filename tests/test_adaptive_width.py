@@ -70,7 +70,7 @@ def test_never_accepted_drafts_turn_speculation_off(tiny, tmp_path, monkeypatch,
     out, steps = run_engine(tiny, tmp_path, monkeypatch, env, f"never-{off_forward}")
     assert out == reference
     off = [s for s in chosen(steps) if s["width"] == 1]
-    assert len(off) >= 0.9 * len(chosen(steps)), trace(steps)
+    assert len(off) >= 0.8 * len(chosen(steps)), trace(steps)
     assert all("draft" not in s["phases"] for s in off)
     assert all("draft" in s["phases"] for s in steps if s["width"] > 1)
 
