@@ -134,9 +134,9 @@ class GrammarWindow:
         draft_logits: Optional[torch.Tensor],
     ):
         """reqs: the batch's SGLang `Req`s; proposals [bs, W-1] the draft's argmax tokens;
-        draft_logits [bs, W-1, V] (needed with `propose` when W > 1). Returns (proposals [bs, B-1], with the
+        draft_logits [bs, W-1, V] (needed with `propose` when W > 1). Returns (proposals [bs, W-1], with the
         grammar requests' rows replaced by legal ones when `propose`; SGLang `GrammarMask` over the
-        [bs * B] verify rows, or None when no request in the batch is constrained)."""
+        [bs * W] verify rows, or None when no request in the batch is constrained)."""
         from sglang.srt.constrained.base_grammar_backend import GrammarMask
 
         rows = [i for i, req in enumerate(reqs) if _constrained(req)]

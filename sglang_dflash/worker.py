@@ -306,9 +306,11 @@ class DFlashWorker(BaseSpecWorker):
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs = seq_lens.shape[0]
         width = self._choose_width(bs)  # W: the verify width of this step, 1 <= W <= B
+        # W = 1 through the target's decode forward (else a verify over the window, `_verify`).
+        decoded = width == 1 and self.decode_when_off
 
         if width == 1:
-            # Speculation off for this step: no draft, the target's plain decode forward.
+            # Speculation off for this step: no draft; the target runs one token per request.
             draft_input: DFlashDraftInputV2 = batch.spec_info
             candidates = draft_input.bonus_tokens.to(torch.int64)[:, None]  # [bs, 1]
             positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
@@ -332,7 +334,7 @@ class DFlashWorker(BaseSpecWorker):
             verify_slots = gather_slots(
                 self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, width
             )  # [bs, W]
-            if width == 1 and self.decode_when_off:
+            if decoded:
                 verified = self._decode(batch, candidates, verify_slots)
             else:
                 verified = self._verify(batch, candidates, positions, verify_slots)
@@ -347,7 +349,7 @@ class DFlashWorker(BaseSpecWorker):
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
             self.verifier.commit(batch, candidates, commit_lens)
-            if self.linear_state is not None and not (width == 1 and self.decode_when_off):
+            if self.linear_state is not None and not decoded:
                 # (A decode forward advanced the linear-attention state itself.)
                 self.linear_state(batch, seq_lens, commit_lens)
             new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
@@ -364,11 +366,8 @@ class DFlashWorker(BaseSpecWorker):
         with self.timer.phase("inject"):
             # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
             if not self.skip_decode_injection:
-                if width == 1:
-                    slots = verify_slots.view(-1)  # every row commits its one token
-                else:
-                    committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
-                    slots = torch.where(committed, verify_slots, 0).view(-1)
+                committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
+                slots = torch.where(committed, verify_slots, 0).view(-1)
                 ops.inject_context_kv(
                     self.draft_model, self.store, logits_output.hidden_states, positions.reshape(-1), slots
                 )

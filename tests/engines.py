@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import time
+from unittest import mock
 
 ADAPTIVE_WIDTH = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 CPU_ENGINE = dict(
@@ -36,18 +37,9 @@ def start(
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
         if num_draft_tokens is not None:
             args["speculative_num_draft_tokens"] = num_draft_tokens
-    if not fixed_width:
-        return sgl.Engine(**args)
     # The scheduler processes read the switch when they start, from the environment they inherit.
-    saved = os.environ.get(ADAPTIVE_WIDTH)
-    os.environ[ADAPTIVE_WIDTH] = "0"
-    try:
+    with mock.patch.dict(os.environ, {ADAPTIVE_WIDTH: "0"} if fixed_width else {}):
         return sgl.Engine(**args)
-    finally:
-        if saved is None:
-            del os.environ[ADAPTIVE_WIDTH]
-        else:
-            os.environ[ADAPTIVE_WIDTH] = saved
 
 
 def prompts(n: int, seed: int = 0, vocab: int = 384, min_len: int = 4, max_len: int = 40) -> list[list[int]]:

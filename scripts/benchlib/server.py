@@ -198,13 +198,25 @@ def prometheus_samples(url: str, prefix: str = "sglang:") -> Optional[dict]:
     return out
 
 
+# Histogram buckets {le: count} and per-position counters {k: count}, by series, summed over
+# label sets into these keys of `dflash_counters`.
+_BUCKETED = {
+    "sglang:dflash_accepted_drafts_per_step_bucket": "buckets",
+    "sglang:dflash_verify_width_bucket": "widths",
+}
+_PER_POSITION = {
+    "sglang:dflash_position_accepted_total": "positions",
+    "sglang:dflash_position_verified_total": "verified",
+}
+
+
 def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
     """This package's acceptance counters (see `sglang_dflash/metrics.py`), summed over label
     sets; None if the server does not export them."""
     if not samples:
         return None
     out = {"verify_steps": 0.0, "accepted_drafts": 0.0, "discarded_steps": 0.0}
-    out.update(buckets={}, positions={}, verified={}, widths={})
+    out.update({key: {} for key in (*_BUCKETED.values(), *_PER_POSITION.values())})
     found = False
     for (name, labels), value in samples.items():
         labels = dict(labels)
@@ -215,18 +227,10 @@ def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
             out["accepted_drafts"] += value
         elif name == "sglang:dflash_discarded_steps_total":
             out["discarded_steps"] += value
-        elif name == "sglang:dflash_accepted_drafts_per_step_bucket":
-            le = float(labels["le"])
-            out["buckets"][le] = out["buckets"].get(le, 0.0) + value
-        elif name == "sglang:dflash_position_accepted_total":
-            k = int(labels["position"])
-            out["positions"][k] = out["positions"].get(k, 0.0) + value
-        elif name == "sglang:dflash_position_verified_total":
-            k = int(labels["position"])
-            out["verified"][k] = out["verified"].get(k, 0.0) + value
-        elif name == "sglang:dflash_verify_width_bucket":
-            le = float(labels["le"])
-            out["widths"][le] = out["widths"].get(le, 0.0) + value
+        elif name in _BUCKETED or name in _PER_POSITION:
+            series = out[_BUCKETED.get(name) or _PER_POSITION[name]]
+            key = float(labels["le"]) if name in _BUCKETED else int(labels["position"])
+            series[key] = series.get(key, 0.0) + value
     return out if found else None
 
 
