@@ -288,6 +288,8 @@ def resolve_spec_tokens_hook(original, self, result, batch):
     if dflash_metrics is not None:
         dflash_metrics.observe(result.num_correct_drafts_per_req_cpu, live, width)
     if width_policy is not None and width:
-        kept = [n for n, keep in zip(result.num_correct_drafts_per_req_cpu, live) if keep]
+        accepted = result.num_correct_drafts_per_req_cpu
+        kept = [n for n, keep in zip(accepted, live) if keep]
         width_policy.observe_acceptance(kept, width)
+        width_policy.observe_processed(len(accepted) + sum(accepted))
     return out

@@ -7,15 +7,25 @@ For a step with `bs` requests it picks, among W = 1 .. B (`--speculative-num-dra
 * `E[commit | W] = 1 + sum_{k=1}^{W-1} prod_{j<=k} a_j` tokens per request, where `a_k` is the
   probability that draft position k is accepted given that positions 1..k-1 were
   (`AcceptanceEstimate`, from the accepted-draft counts the scheduler brings to the host anyway).
-* `T(bs, W)` is the step interval (`StepCostModel`), a linear model fitted online to the host
-  time between consecutive decode steps:
+* `T(bs, W, C)` is the step interval (`StepCostModel`), a linear model fitted online to the
+  host time between consecutive decode steps, with C the batch's committed tokens (thousands):
 
-      T(bs, W) = c0 + c1*bs + [W > 1] * (c2 + c3*bs) + c4 * bs*W
-                 \\_ rest _/   \\______ draft ______/   \\ verify /
+      T = c0 + c1*bs + [W > 1] * (c2 + c3*bs) + c4*bs*W + c5*W*C + c6*N
+          \\_ rest _/   \\______ draft ______/   \\___ verify ___/  \\ results /
 
   `W = 1` runs no draft (the target forward over one token per request); `W > 1` runs the
-  draft's whole block whatever W is, and verifies `bs*W` tokens. Recent measurements correct
-  the model: at the exact (bs, W) they replace it, at a nearby batch size they scale it
+  draft's whole block whatever W is, and verifies `bs*W` tokens, each attending its request's
+  context. Without C the costs drift as the contexts grow, and a width measured at short
+  contexts looks cheaper than one measured now. (The draft's own attention over the context
+  would be one more term, but it moves with the verify's, and the two cannot be told apart
+  from the few draft widths the policy measures; the corrections below absorb it.)
+  N is the number of tokens whose results the scheduler handles in the interval: those the
+  previous step committed under overlap scheduling, where a step's results are processed
+  while the next step runs (20 to 50 us a token on the CPU engine). Charged to the interval
+  they land in, a wide step would look cheaper and the narrow step after it dearer; the model
+  charges them to the step that committed them, `bs * E[commit | W]` tokens. Recent
+  measurements correct the model: the one at the nearest batch size scales it by measured /
+  predicted there
   (`WidthPolicy.step_seconds`).
 * Margins against the noise of both estimates: a narrower draft width must beat the full
   width by 3%, and a draft width must beat no draft by 5%.
@@ -60,15 +70,20 @@ def expected_commit(rates: Sequence[float]) -> np.ndarray:
     return 1.0 + np.concatenate([[0.0], np.cumsum(reach)])
 
 
-def step_features(bs: int, widths: np.ndarray) -> np.ndarray:
-    """The cost model's regressors for `bs` requests at each width -> [len(widths), 5].
+def step_features(bs: int, widths: np.ndarray, context: float = 0.0, processed=0.0) -> np.ndarray:
+    """The cost model's regressors for `bs` requests holding `context` committed tokens in all,
+    at each width, with `processed` result tokens (a number, or one per width) -> [len(widths), 7].
+    The context counts in thousands of tokens, the results in hundreds.
 
-    E.g., bs 4, widths [1, 3] -> [[1, 4, 0, 0, 4], [1, 4, 1, 4, 12]].
+    E.g., bs 4, widths [1, 3], context 2000, processed [4, 10]
+    -> [[1, 4, 0, 0, 4, 2, 0.04], [1, 4, 1, 4, 12, 6, 0.1]].
     """
     widths = np.asarray(widths, dtype=np.float64)
     drafted = (widths > 1).astype(np.float64)
     ones = np.ones_like(widths)
-    return np.stack([ones, bs * ones, drafted, drafted * bs, bs * widths], axis=1)
+    c = context / 1000.0
+    n = np.asarray(processed, dtype=np.float64) * ones / 100.0
+    return np.stack([ones, bs * ones, drafted, drafted * bs, bs * widths, widths * c, n], axis=1)
 
 
 class AcceptanceEstimate:
@@ -76,15 +91,17 @@ class AcceptanceEstimate:
 
     A request-step that verified width W and accepted n drafts reached positions 1..min(n+1, W-1)
     and accepted positions 1..n. The counts of the positions a step verified decay by `decay`
-    per step; those of positions it did not verify get no evidence and decay only by
-    `idle_decay`, slowly returning their rate to `prior` (a step without the draft must not
-    make the draft look better).
+    per request in the step, so the estimate remembers about 1 / (1 - decay) request-steps
+    whatever the batch size (a memory counted in steps would rest on a handful of requests at
+    batch 1, and noisy late positions would mislead the policy); those of positions it did
+    not verify get no evidence and decay only by `idle_decay` per step, slowly returning their
+    rate to `prior` (a step without the draft must not make the draft look better).
     """
 
     def __init__(
         self,
         num_draft_tokens: int,
-        decay: float = 0.98,
+        decay: float = 0.998,
         idle_decay: float = 0.999,
         prior: float = 0.6,
         prior_weight: float = 1.0,
@@ -103,7 +120,8 @@ class AcceptanceEstimate:
         if len(num_accepted) == 0:
             return
         verified = max(verified, 0)
-        factors = np.where(np.arange(self.num_positions) < verified, self.decay, self.idle_decay)
+        decay = self.decay ** len(num_accepted)
+        factors = np.where(np.arange(self.num_positions) < verified, decay, self.idle_decay)
         self.reached *= factors
         self.accepted *= factors
         if verified == 0:
@@ -125,12 +143,12 @@ class AcceptanceEstimate:
 class StepCostModel:
     """Least squares of the step interval on `step_features`, with exponential forgetting.
 
-    Keeps the normal equations (5x5 and 5) and solves them on demand; a small ridge, relative to
+    Keeps the normal equations (7x7 and 7) and solves them on demand; a small ridge, relative to
     each feature's scale, keeps them solvable when the batch size never varies (predictions at
     the seen sizes are unaffected).
     """
 
-    NUM_FEATURES = 5
+    NUM_FEATURES = 7
 
     def __init__(self, draft_widths_needed: int = 2, forget: float = 0.995, ridge: float = 1e-9):
         self.draft_widths_needed = draft_widths_needed
@@ -141,8 +159,8 @@ class StepCostModel:
         self.coef: Optional[np.ndarray] = None
         self.seen_widths: dict[int, float] = {}  # width -> decayed sample count
 
-    def observe(self, bs: int, width: int, seconds: float) -> None:
-        x = step_features(bs, np.array([width]))[0]
+    def observe(self, bs: int, width: int, seconds: float, context: float = 0.0, processed: float = 0.0):
+        x = step_features(bs, np.array([width]), context, processed)[0]
         self.xtx = self.forget * self.xtx + np.outer(x, x)
         self.xty = self.forget * self.xty + seconds * x
         for w in self.seen_widths:
@@ -157,13 +175,14 @@ class StepCostModel:
         seen = [w for w, n in self.seen_widths.items() if n >= 2.0]
         return 1 in seen and len([w for w in seen if w > 1]) >= self.draft_widths_needed
 
-    def predict(self, bs: int, widths: np.ndarray) -> np.ndarray:
-        """Predicted step seconds for `bs` requests at each width."""
+    def predict(self, bs: int, widths: np.ndarray, context: float = 0.0, processed=0.0) -> np.ndarray:
+        """Predicted step seconds for `bs` requests holding `context` tokens, at each width,
+        handling `processed` result tokens (a number, or one per width)."""
         if self.coef is None:
-            # Ridge relative to each feature's own scale (features 2 and 3 can be all zero).
+            # Ridge relative to each feature's own scale (features 2, 3, 5, 6 can be all zero).
             damping = self.ridge * np.maximum(np.diag(self.xtx), 1e-12)
             self.coef = np.linalg.solve(self.xtx + np.diag(damping), self.xty)
-        return step_features(bs, widths) @ self.coef
+        return step_features(bs, widths, context, processed) @ self.coef
 
 
 class WidthPolicy:
@@ -190,11 +209,15 @@ class WidthPolicy:
         self.steps = 0
         self.probing = False  # whether the last choice was a probe
         self._probes = 0
-        # (bs, width) -> (moving average of its recent step intervals, step of the last one)
-        self.recent: dict[tuple[int, int], tuple[float, int]] = {}
+        # Result tokens of the last step the scheduler handled (`observe_processed`).
+        self.processed = 0
+        # (bs, width) -> (moving averages of its recent step intervals, of their contexts and
+        # of their result tokens, step of the last one)
+        self.recent: dict[tuple[int, int], tuple[float, float, float, int]] = {}
 
-    def choose(self, bs: int) -> int:
-        """The verify width for the next decode step of `bs` requests."""
+    def choose(self, bs: int, context: float = 0.0) -> int:
+        """The verify width for the next decode step of `bs` requests holding `context`
+        committed tokens in all."""
         self.steps += 1
         if self.max_width == 1:
             return 1
@@ -210,11 +233,11 @@ class WidthPolicy:
             if not self._measured_near(bs, width):
                 self.probing = True
                 return width
-        return self.best_width(bs)
+        return self.best_width(bs, context)
 
     def _measured_near(self, bs: int, width: int) -> bool:
         """Was `width` measured recently at a batch size within a factor NEAR of `bs`?"""
-        for (measured_bs, measured_width), (_, step) in self.recent.items():
+        for (measured_bs, measured_width), (*_, step) in self.recent.items():
             if (
                 measured_width == width
                 and self.steps - step <= RECENT_STEPS
@@ -223,68 +246,86 @@ class WidthPolicy:
                 return True
         return False
 
-    def best_width(self, bs: int) -> int:
+    def best_width(self, bs: int, context: float = 0.0) -> int:
         """The width of highest expected tokens per second, with margins against the noise of
         the estimates (picking whichever width had the luckiest measurement): a narrower draft
         width must beat the full width by `NARROW_MARGIN`, and the chosen draft width must beat
         no draft by `DRAFT_MARGIN`, so near-ties neither waste verified tokens nor run the
         draft for nothing."""
         commit = expected_commit(self.acceptance.rates())
-        rate = commit / np.maximum(self.step_seconds(bs), 1e-6)
+        rate = commit / np.maximum(self.step_seconds(bs, context), 1e-6)
         full = self.max_width - 1
         best = int(np.argmax(rate[1:])) + 1
         if rate[best] <= NARROW_MARGIN * rate[full]:
             best = full
         return int(self.widths[best]) if rate[best] > DRAFT_MARGIN * rate[0] else 1
 
-    def step_seconds(self, bs: int) -> np.ndarray:
-        """[B] step cost at each width for `bs` requests: the model, corrected by recent
-        measurements. Costs are not linear over a wide range of batch sizes (attention over
-        padded contexts), so the model's extrapolation can be far off. For each width, the
-        recent measurement at the nearest batch size (exactly `bs` when there is one) scales the
-        model by measured / predicted there; a width the model wrongly favours is measured the
-        first time it is chosen, and from then on the measurement decides.
-        E.g., model 10 ms at (bs 32, W 4); measured 30 ms vs model 20 ms at (16, 4) -> 15 ms."""
-        seconds = self.cost.predict(bs, self.widths)
-        nearest: dict[int, tuple[float, int, float]] = {}  # width -> (distance, bs, measured)
-        for (measured_bs, width), (measured, step) in self.recent.items():
+    def step_seconds(self, bs: int, context: float = 0.0) -> np.ndarray:
+        """[B] step cost at each width for `bs` requests holding `context` tokens: the model,
+        corrected by recent measurements. Costs are not linear over a wide range of batch
+        sizes (attention over padded contexts), so the model's extrapolation can be far off.
+        For each width, the recent measurement at the nearest batch size (exactly `bs` when
+        there is one) scales the model by measured / predicted there, the prediction taken at
+        the measurement's own context; a width the model wrongly favours is measured the first
+        time it is chosen, and from then on the measurement decides, carried to today's
+        context by the model.
+        E.g., model 10 ms at (bs 32, W 4); measured 30 ms vs model 20 ms at (16, 4) -> 15 ms.
+        Each width is charged the results of its own commits, `bs * E[commit | W]` tokens."""
+        processed = bs * expected_commit(self.acceptance.rates())  # [B]
+        seconds = self.cost.predict(bs, self.widths, context, processed)
+        # width -> (distance, bs, (seconds, context, processed) averages)
+        nearest: dict[int, tuple[float, int, tuple[float, float, float]]] = {}
+        for (measured_bs, width), (*averages, step) in self.recent.items():
             if self.steps - step > RECENT_STEPS:
                 continue
             distance = abs(np.log(measured_bs / bs))
             if width not in nearest or distance < nearest[width][0]:
-                nearest[width] = (distance, measured_bs, measured)
-        for width, (_, measured_bs, measured) in nearest.items():
+                nearest[width] = (distance, measured_bs, tuple(averages))
+        for width, (_, measured_bs, (measured, measured_context, measured_processed)) in nearest.items():
             i = width - 1
-            if measured_bs == bs:
+            predicted = float(
+                self.cost.predict(measured_bs, self.widths[i : i + 1], measured_context, measured_processed)[
+                    0
+                ]
+            )
+            if predicted > 0 and seconds[i] > 0:
+                seconds[i] *= measured / predicted
+            elif measured_bs == bs:  # a model not yet fitted: the measurement as it is
                 seconds[i] = measured
-            else:
-                predicted = float(self.cost.predict(measured_bs, self.widths[i : i + 1])[0])
-                if predicted > 0:
-                    seconds[i] *= measured / predicted
         return seconds
 
-    def observe_step(self, bs: int, width: int, seconds: float) -> None:
-        """The host interval from the start of a decode step to the start of the next decode
-        step (the worker drops intervals with a prefill or an idle batch in between). Every
-        interval is kept: rejecting those far from the prediction would let a wrong model
-        reject the evidence that corrects it. Spikes (a pause of the whole process) are
+    def observe_step(self, bs: int, width: int, seconds: float, context: float = 0.0) -> None:
+        """The host interval from the start of a decode step of `bs` requests holding `context`
+        tokens to the start of the next decode step, which handled the results of the last step
+        `observe_processed` saw (the worker drops intervals with a prefill or an idle batch in
+        between). Every interval is kept: rejecting those far from the prediction would let a
+        wrong model reject the evidence that corrects it. Spikes (a pause of the whole process) are
         clipped instead: each interval counts as at most SPIKE_FACTOR times the current
         estimate, so a real change of cost still comes through, a bounded step at a time."""
-        raw = seconds
+        raw, processed = seconds, self.processed
         if self.cost.ready:
-            predicted = float(self.cost.predict(bs, np.array([width]))[0])
+            predicted = float(self.cost.predict(bs, np.array([width]), context, processed)[0])
             if predicted > 0:
                 seconds = min(seconds, SPIKE_FACTOR * predicted)
-        self.cost.observe(bs, width, seconds)
+        self.cost.observe(bs, width, seconds, context, processed)
         seconds = raw
         previous = self.recent.get((bs, width))
-        if previous is not None and self.steps - previous[1] <= FRESH_STEPS:
+        if previous is not None and self.steps - previous[-1] <= FRESH_STEPS:
             seconds = min(seconds, SPIKE_FACTOR * previous[0])  # a spike, clipped
-            seconds = (1 - RECENT_WEIGHT) * previous[0] + RECENT_WEIGHT * seconds
-        self.recent[(bs, width)] = (seconds, self.steps)  # an older one is replaced
+            # The context and results averaged alike, so that the model's prediction at them
+            # compares with the average interval.
+            seconds, context, processed = (
+                (1 - RECENT_WEIGHT) * old + RECENT_WEIGHT * new
+                for old, new in zip(previous[:3], (seconds, context, processed))
+            )
+        self.recent[(bs, width)] = (seconds, context, processed, self.steps)  # an older one is replaced
 
     def observe_acceptance(self, num_accepted: Sequence[int], width: int) -> None:
         self.acceptance.observe(num_accepted, width)
+
+    def observe_processed(self, tokens: int) -> None:
+        """The scheduler handled the results of a decode step that committed `tokens` tokens."""
+        self.processed = tokens
 
 
 ENV_VAR = "SGLANG_DFLASH_ADAPTIVE_WIDTH"

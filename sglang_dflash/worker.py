@@ -164,8 +164,9 @@ class DFlashWorker(BaseSpecWorker):
         self.width_policy, width_choice = policy_for(
             self.num_draft_tokens, torch.device(self.device).type, os.environ.get(ADAPTIVE_WIDTH_ENV)
         )
-        # (start, bs, width, measured) of the last decode step; None after an extend or idle step.
-        self._last_decode: Optional[tuple[float, int, int, bool]] = None
+        # (start, bs, width, context, measured) of the last decode step; None after an extend or
+        # idle step.
+        self._last_decode: Optional[tuple[float, int, int, int, bool]] = None
         self._decode_steps = 0
         self.decode_when_off, off_forward = self._choose_off_forward()
         width_choice += f"; width 1 runs {off_forward}"
@@ -305,7 +306,8 @@ class DFlashWorker(BaseSpecWorker):
     def _forward_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs = seq_lens.shape[0]
-        width = self._choose_width(bs)  # W: the verify width of this step, 1 <= W <= B
+        # W: the verify width of this step, 1 <= W <= B.
+        width = self._choose_width(bs, batch.seq_lens_sum or 0)
         # W = 1 through the target's decode forward (else a verify over the window, `_verify`).
         decoded = width == 1 and self.decode_when_off
 
@@ -406,9 +408,10 @@ class DFlashWorker(BaseSpecWorker):
             return False, "a verify forward over one token (batched CPU verify attention)"
         return True, "the target's decode forward"
 
-    def _choose_width(self, bs: int) -> int:
-        """This step's verify width, and the interval since the last decode step's start fed to
-        the policy's cost model (host clocks only)."""
+    def _choose_width(self, bs: int, context: int) -> int:
+        """This step's verify width for `bs` requests holding `context` committed tokens (a
+        host count), and the interval since the last decode step's start fed to the policy's
+        cost model (host clocks only)."""
         now = time.perf_counter()
         if self.test_width1_steps > 0:  # test aid: speculation off for the first N decode steps
             self.test_width1_steps -= 1
@@ -416,16 +419,16 @@ class DFlashWorker(BaseSpecWorker):
         elif self.width_policy is None:
             width = self.num_draft_tokens
         else:
-            if self._last_decode is not None and self._last_decode[3]:
-                start, last_bs, last_width, _ = self._last_decode
-                self.width_policy.observe_step(last_bs, last_width, now - start)
-            width = self.width_policy.choose(bs)
+            if self._last_decode is not None and self._last_decode[4]:
+                start, last_bs, last_width, last_context, _ = self._last_decode
+                self.width_policy.observe_step(last_bs, last_width, now - start, last_context)
+            width = self.width_policy.choose(bs, context)
         # Intervals that are not a step's steady cost are not measured: the server's first
         # decode steps (one-time start-up costs), and the first decode step after an extend
         # (the scheduler also settles the extend's results in it).
         self._decode_steps += 1
         measured = self._last_decode is not None and self._decode_steps > COLD_DECODE_STEPS
-        self._last_decode = (now, bs, width, measured)
+        self._last_decode = (now, bs, width, context, measured)
         if self.metrics is not None:
             self.metrics.observe_width(width)
         return width
