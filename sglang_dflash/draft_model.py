@@ -8,6 +8,9 @@ Terminology (used the same way everywhere in this package):
   * block: `[bonus, MASK x (B-1)]`, embedded with the target's embeddings; the block's queries
     attend to the committed context K/V and to the whole block, non-causally.
 
+Under tensor parallelism each rank holds its shard of the draft (`tensor_parallel.py`): its
+attention and KV heads and its MLP columns, with the row-parallel outputs summed across ranks.
+
 The module holds weights and layer maths only. Where context K/V live, and which keys a query
 may see, is the caller's business: `forward` takes an `attend(layer_id, q, k, v)` callable that
 receives the block's own projections and returns the attention output.
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.tensor_parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -97,17 +101,20 @@ def _rope_inv_freq(config: DFlashDraftConfig) -> tuple[torch.Tensor, float]:
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, config: DFlashDraftConfig, layer_id: int):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
+        self.num_heads = tp.split(config.num_attention_heads, "attention heads")  # on this rank
+        self.num_kv_heads = tp.split(config.num_key_value_heads, "KV heads")
         self.head_dim = config.head_dim
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
+        # Row-parallel: the partial outputs are summed across ranks, so one rank adds the bias.
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and tp.rank == 0)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
@@ -126,25 +133,49 @@ class DFlashAttention(nn.Module):
         q = RotaryEmbedding.apply(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)
         out = attend(self.layer_id, q, k, v)  # [N, heads, head_dim]
-        return self.o_proj(out.reshape(x.shape[0], -1))
+        return self.tp.all_reduce(self.o_proj(out.reshape(x.shape[0], -1)))
 
 
 class DFlashMLP(nn.Module):
-    def __init__(self, config: DFlashDraftConfig):
+    def __init__(self, config: DFlashDraftConfig, tp: TensorParallel):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.tp = tp
+        columns = tp.split(config.intermediate_size, "MLP columns (intermediate_size)")
+        self.gate_proj = nn.Linear(config.hidden_size, columns, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, columns, bias=False)
+        self.down_proj = nn.Linear(columns, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+# Checkpoint weights split across tensor-parallel ranks: name suffix -> the dimension split.
+# Everything else (fc, the norms, o_proj's bias) is replicated.
+SHARDED_DIMS = {
+    "q_proj.weight": 0,
+    "q_proj.bias": 0,
+    "k_proj.weight": 0,
+    "k_proj.bias": 0,
+    "v_proj.weight": 0,
+    "v_proj.bias": 0,
+    "o_proj.weight": 1,
+    "gate_proj.weight": 0,
+    "up_proj.weight": 0,
+    "down_proj.weight": 1,
+}
+
+
+def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """This rank's slice of the checkpoint tensor `name` (the whole tensor if replicated)."""
+    dim = SHARDED_DIMS.get(".".join(name.split(".")[-2:]))
+    return tensor if dim is None else tp.shard(tensor, dim)
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, config: DFlashDraftConfig, layer_id: int):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel):
         super().__init__()
-        self.self_attn = DFlashAttention(config, layer_id)
-        self.mlp = DFlashMLP(config)
+        self.self_attn = DFlashAttention(config, layer_id, tp)
+        self.mlp = DFlashMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -158,11 +189,16 @@ class DFlashDecoderLayer(nn.Module):
 class DFlashDraftModel(nn.Module):
     """Draft layers plus the feature fusion (`fc`, `hidden_norm`); no embedding, no LM head."""
 
-    def __init__(self, config: DFlashDraftConfig, num_target_features: int):
+    def __init__(
+        self, config: DFlashDraftConfig, num_target_features: int, tp: TensorParallel = TensorParallel()
+    ):
         super().__init__()
         self.config = config
+        self.tp = tp
         self.num_target_features = num_target_features  # K, the number of captured layers
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -201,23 +237,33 @@ class DFlashDraftModel(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        tp: TensorParallel = TensorParallel(),
     ) -> "DFlashDraftModel":
         with torch.device("meta"):
-            model = cls(config, num_target_features)
+            model = cls(config, num_target_features, tp)
         state = _read_safetensors(path)
         model.load_checkpoint_state(state)
         return model.to(device=device, dtype=dtype).eval()
 
     def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Load z-lab weight names (optionally `model.`-prefixed); missing or misshapen -> error."""
+        """Load z-lab weight names (optionally `model.`-prefixed); missing or misshapen -> error.
+        Under tensor parallelism each rank keeps its slice of the sharded weights."""
         state = {k.removeprefix("model."): v for k, v in state.items()}
-        expected = dict(self.named_parameters())
+        full = self
+        if self.tp.size > 1:  # the checkpoint holds the whole draft: check against that
+            with torch.device("meta"):
+                full = type(self)(self.config, self.num_target_features)
         check_weight_shapes(
-            {k: tuple(p.shape) for k, p in expected.items()},
+            {k: tuple(p.shape) for k, p in full.named_parameters()},
             {k: tuple(v.shape) for k, v in state.items()},
             _fc_input(self.num_target_features, self.config.hidden_size),
         )
-        self.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
+        expected = dict(self.named_parameters())
+        self.load_state_dict(
+            {k: shard_checkpoint_tensor(k, state[k], self.tp).contiguous() for k in expected},
+            strict=False,
+            assign=True,
+        )
 
     @classmethod
     def check_checkpoint(cls, path: str, config: DFlashDraftConfig, num_target_features: int) -> None:

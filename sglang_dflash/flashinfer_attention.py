@@ -166,6 +166,10 @@ class FlashInferDraftAttention:
         self.context_window = context_window
         self.q_dtype = q_dtype or store.k.dtype  # the draft's compute dtype; the store may be fp8
         self.scale = config.head_dim**-0.5
+        # The heads this rank attends over: the store holds its share of the KV heads (all of
+        # them without tensor parallelism), and the query heads split in the same proportion.
+        self.num_kv_heads = store.k.shape[2]
+        self.num_heads = config.num_attention_heads * self.num_kv_heads // config.num_key_value_heads
         self.kinds = [layer_kind(config, i) for i in range(config.num_hidden_layers)]
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=store.k.device)
         self.wrappers = {
@@ -210,8 +214,8 @@ class FlashInferDraftAttention:
                 layout.kv_indptr_host,
                 layout.kv_indices,
                 layout.last_page_len_host,
-                self.config.num_attention_heads,
-                self.config.num_key_value_heads,
+                self.num_heads,
+                self.num_kv_heads,
                 self.config.head_dim,
                 1,  # page size
                 causal=kind.causal,

@@ -11,11 +11,18 @@ start-up, through what SGLang may have put around them:
 - scaled embeddings (Gemma's embedding module multiplies by sqrt(hidden) in its forward): the
   draft calls the module, so it gets what the target's first layer gets, which is also what
   the z-lab reference feeds its draft (`target.model.embed_tokens(ids)`).
+
+Under tensor parallelism the embedding module does its own all-reduce, so `embed` is whole on
+every rank. The LM head is vocab-parallel: `logits` gathers the full vocab (for structured
+outputs), while `argmax` gathers one (max, id) pair per row and rank
+(`tensor_parallel.vocab_parallel_argmax`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from sglang_dflash.tensor_parallel import TensorParallel, vocab_parallel_argmax
 
 
 def _find_lm_head(model):
@@ -30,27 +37,52 @@ def _find_lm_head(model):
 
 
 class TargetHead:
-    """`embed(ids [N]) -> [N, H]` and `logits(hidden [..., H]) -> [..., V]` (V: the real vocab,
-    without padding rows)."""
+    """`embed(ids [N]) -> [N, H]`, `logits(hidden [..., H]) -> [..., V]` (V: the real vocab,
+    without padding rows) and `argmax(hidden [..., H]) -> [...]`, the same on every rank."""
 
-    def __init__(self, model, vocab_size: int):
+    def __init__(self, model, vocab_size: int, tp: TensorParallel = TensorParallel()):
         from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
         from sglang.srt.lora.layers import unwrap_lora_layer
 
         self.vocab_size = vocab_size
+        self.tp = tp
         self.embed = unwrap_lora_layer(model.get_input_embeddings())
         head = unwrap_lora_layer(_find_lm_head(model))
+        # This rank's columns of the logits: tokens vocab_start + [0, num_valid); under TP the
+        # slice is padded to the same width P on every rank (padding rows at the vocab's end).
+        if tp.size > 1:
+            self.vocab_start = head.shard_indices.org_vocab_start_index
+            self.num_valid = head.shard_indices.num_org_elements
+            rows = head.weight.shape[0]  # P
+        else:
+            self.vocab_start, self.num_valid, rows = 0, vocab_size, vocab_size
         quant_method = getattr(head, "quant_method", None)
         if should_apply_lm_head_quant_method(head, quant_method):
             self.head, self.quant_method, self.weight = head, quant_method, None
             self.kind = f"quantized ({type(quant_method).__name__})"
         else:
             self.head, self.quant_method = head, None
-            self.weight = head.weight[:vocab_size]  # [V, H]: vocab padding rows dropped
+            self.weight = head.weight[:rows]  # [V, H] (or [P, H] per rank): padding rows dropped
             self.kind = "dense"
+        self.local_width = rows
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> this rank's logits [..., V] (or [..., P] per rank under TP)."""
         if self.quant_method is None:
             return hidden @ self.weight.T
         flat = self.quant_method.apply(self.head, hidden.reshape(-1, hidden.shape[-1]), None)
-        return flat[:, : self.vocab_size].reshape(*hidden.shape[:-1], self.vocab_size)
+        return flat[:, : self.local_width].reshape(*hidden.shape[:-1], self.local_width)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = self._local_logits(hidden)
+        if self.tp.size == 1:
+            return local
+        # [size, ..., P] -> [..., size*P]: rank r's columns are tokens r*P .. (r+1)*P - 1.
+        gathered = self.tp.all_gather(local).movedim(0, -2)
+        return gathered.reshape(*hidden.shape[:-1], -1)[..., : self.vocab_size]
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = self._local_logits(hidden)
+        if self.tp.size == 1:
+            return torch.argmax(local, dim=-1)
+        return vocab_parallel_argmax(local, self.vocab_start, self.num_valid, self.tp)

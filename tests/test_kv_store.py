@@ -11,6 +11,7 @@ import torch
 from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
+from sglang_dflash.tensor_parallel import TensorParallel
 from tests.tiny_models import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's resolution and budget functions
@@ -37,7 +38,9 @@ def _runtime(monkeypatch, kv_cache_dtype, draft_kv_cache_dtype=None, memory_save
         ("auto", "fp8_e4m3", torch.float8_e4m3fn),
     ],
 )
-def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv, want):
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv, want, tp_size):
+    """Per rank under tensor parallelism: the store holds this rank's KV heads."""
     from sglang.srt.speculative.dflash_utils import dflash_draft_cell_size_per_token
 
     _runtime(monkeypatch, kv, draft_kv)
@@ -47,7 +50,7 @@ def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv
     store = DraftKVStore(
         num_slots=slots,
         num_layers=layers,
-        num_kv_heads=kv_heads,
+        num_kv_heads=TensorParallel(size=tp_size).split(kv_heads, "KV heads"),  # as the worker does
         head_dim=head_dim,
         dtype=dtype,
         device="cpu",
@@ -56,7 +59,10 @@ def test_store_dtype_and_bytes_are_what_sglang_budgets(monkeypatch, kv, draft_kv
         get_num_kv_heads=lambda tp: kv_heads // tp, head_dim=head_dim, v_head_dim=head_dim
     )
     per_token = dflash_draft_cell_size_per_token(
-        draft_model_config=draft_model_config, draft_num_layers=layers, draft_kv_cache_dtype=dtype, tp_size=1
+        draft_model_config=draft_model_config,
+        draft_num_layers=layers,
+        draft_kv_cache_dtype=dtype,
+        tp_size=tp_size,
     )
     assert store.nbytes == slots * per_token
 
