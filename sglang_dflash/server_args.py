@@ -29,19 +29,30 @@ def handle_dflash_server_args(server_args) -> None:
             f"sglang-dflash serves DFLASH on 'cuda' and 'cpu', not on device {cfg.device!r}; "
             "set SGLANG_DFLASH_IMPL=builtin to use SGLang's built-in DFLASH"
         )
-    for field, ok in (
-        ("pp_size", cfg.pp_size == 1),
-        ("tp_size", cfg.tp_size == 1),
-        ("enable_dp_attention", not attn_dp_enabled_of(cfg)),
-        ("enable_watermark", not cfg.enable_watermark),
+    # Tensor parallelism is served (the draft is sharded like the target); these are not.
+    attn_cp_size = int(getattr(cfg, "attn_cp_size", 1) or 1)
+    for setting, ok, why in (
+        (f"pp_size={cfg.pp_size}", cfg.pp_size == 1, "SGLang's DFLASH is pp_size 1 only"),
+        (
+            "enable_dp_attention",
+            not attn_dp_enabled_of(cfg),
+            "the draft is sharded over the whole TP group; DP attention is not built here "
+            "(SGLang 0.5.23 allows it for DFLASH on CUDA with --enable-dp-lm-head only)",
+        ),
+        (f"attn_cp_size={attn_cp_size}", attn_cp_size == 1, "context parallelism is not built here"),
+        ("enable_watermark", not cfg.enable_watermark, "SGLang refuses it with DFLASH too"),
     ):
         if not ok:
-            raise ValueError(f"sglang-dflash does not support {field}={getattr(cfg, field)!r} with DFLASH")
+            raise ValueError(
+                f"sglang-dflash does not support {setting} with DFLASH: {why}; "
+                "set SGLANG_DFLASH_IMPL=builtin to use SGLang's built-in DFLASH"
+            )
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH speculative decoding requires --speculative-draft-model-path")
 
     path = resolve_checkpoint_dir(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
     draft = DFlashDraftConfig.from_pretrained(path)
+    _check_tensor_parallel(int(cfg.tp_size), draft)
     _check_draft_window(cfg.speculative_draft_window_size, cfg.speculative_draft_sink_size, draft.block_size)
 
     for field in ("speculative_num_steps", "speculative_eagle_topk"):
@@ -69,6 +80,17 @@ def handle_dflash_server_args(server_args) -> None:
 
     if cfg.max_running_requests is None:
         declare_resolution(server_args, SOURCE, max_running_requests=48)
+
+
+def _check_tensor_parallel(tp_size: int, draft: DFlashDraftConfig) -> None:
+    """The draft is sharded like the target (`tensor_parallel.py`): its heads, KV heads and MLP
+    columns must divide by the TP size; the error names both numbers."""
+    from sglang_dflash.tensor_parallel import TensorParallel
+
+    tp = TensorParallel(size=tp_size)
+    tp.split(draft.num_attention_heads, "attention heads")
+    tp.split(draft.num_key_value_heads, "KV heads")
+    tp.split(draft.intermediate_size, "MLP columns (intermediate_size)")
 
 
 def _check_draft_window(window, sink, block_size: int) -> None:

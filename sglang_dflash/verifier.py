@@ -20,7 +20,9 @@ set, which it does only under `--enable-deterministic-inference` (not available 
 engine's attention backend). While a batch holds a request with a `sampling_seed`, `seeded`
 sets it for the step, giving unseeded requests a fresh random seed, so seeded requests are
 reproducible in the prefill token (SGLang's sampler) and in every verified token (ours), and
-unseeded ones still sample independently.
+unseeded ones still sample independently. Those fresh seeds come from a generator seeded with
+the seed SGLang broadcasts from rank 0 (`TpModelWorker.random_seed`), so under tensor parallelism
+every rank draws the same ones (the ranks see the same batches), as SGLang's own sampler does.
 """
 
 from __future__ import annotations
@@ -39,17 +41,18 @@ from sglang_dflash.sampling import SamplingRows, sampled_verify
 from sglang_dflash.verify import greedy_verify
 
 logger = logging.getLogger(__name__)
-_RANDOM = random.Random()  # seeds for unseeded requests that share a batch with seeded ones
 
 
 class Verifier:
-    def __init__(self, num_req_slots: int, vocab_size: int, device: torch.device | str):
+    def __init__(self, num_req_slots: int, vocab_size: int, device: torch.device | str, seed: int = 0):
         self.num_req_slots = num_req_slots
         self.vocab_size = vocab_size
         self.device = device
         self.penalties: Optional[PenaltyState] = None
         self.processor_history: Optional[ProcessorHistory] = None
         self._windows: list[list[int]] = []  # this step's verify windows on the host (processors only)
+        # Seeds for unseeded requests that share a batch with seeded ones; the same on every rank.
+        self._random = random.Random(seed)
 
     @contextlib.contextmanager
     def seeded(self, batch) -> Iterator[None]:
@@ -59,7 +62,7 @@ class Verifier:
         if info is None or info.sampling_seed is not None or all(s is None for s in explicit):
             yield
             return
-        seeds = [s if s is not None else _RANDOM.getrandbits(63) for s in explicit]
+        seeds = [s if s is not None else self._random.getrandbits(63) for s in explicit]
         info.sampling_seed = torch.tensor(seeds, dtype=torch.int64).to(self.device, non_blocking=True)
         try:
             yield

@@ -332,18 +332,22 @@ ENV_VAR = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 
 
 def policy_for(
-    num_draft_tokens: int, device_type: str, env: Optional[str]
+    num_draft_tokens: int, device_type: str, env: Optional[str], tp_size: int = 1
 ) -> tuple[Optional[WidthPolicy], str]:
     """The policy for this server, or None for the fixed width; with the reason, for the log.
 
     `SGLANG_DFLASH_ADAPTIVE_WIDTH=0` forces the fixed width and `=1` adapts on any device. Unset,
     it adapts on CPU only: on CUDA, SGLang captures the target's verify graphs for the full width
     alone and the decode forward of W = 1 has no graph beside them (docs/adaptive-verify-width.md).
+    Under tensor parallelism the width is fixed: each rank's policy times its own steps, and
+    ranks that chose different widths would run collectives of different shapes.
     """
     if env not in (None, "", "0", "1"):
         raise ValueError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
     if num_draft_tokens < 2:
         return None, "fixed: --speculative-num-draft-tokens is 1"
+    if tp_size > 1:
+        return None, f"fixed at tp_size {tp_size}: each rank would time its steps, and choose, apart"
     if env == "0":
         return None, f"fixed: {ENV_VAR}=0"
     if env == "1":

@@ -53,6 +53,7 @@ from sglang_dflash.metrics import DFlashMetrics
 from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
+from sglang_dflash.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
 from sglang_dflash.width_policy import ENV_VAR as ADAPTIVE_WIDTH_ENV
@@ -74,6 +75,19 @@ def _simulated_acceptance() -> Optional[tuple[float, str, str]]:
         return None
     check_simulate_acc_token_mode()
     return mean, envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
+
+
+def _draft_tensor_parallel(parallel) -> TensorParallel:
+    """This rank's shard of the draft: SGLang's whole TP group. With DP attention or context
+    parallelism the target's attention runs on a smaller group; both are refused at start-up
+    (`server_args.py`), and this says so if a server got here another way."""
+    if parallel.attn_tp_size != parallel.tp_size:
+        raise ValueError(
+            f"sglang-dflash shards the draft over the whole TP group (tp_size {parallel.tp_size}); "
+            f"attention TP size {parallel.attn_tp_size} (DP attention or context parallelism) "
+            "is not supported"
+        )
+    return TensorParallel.from_sglang()
 
 
 def _keep_final_hidden_states(model) -> bool:
@@ -118,8 +132,8 @@ class DFlashWorker(BaseSpecWorker):
         self._draft_worker = None  # the draft runs inside this worker, not in a TpModelWorker
         runner = target_worker.model_runner
         self.device = runner.device
-        if get_parallel().tp_size != 1:
-            raise ValueError("sglang-dflash serves DFLASH with tp_size 1 only")
+        # The draft is sharded over SGLang's TP group, like the target's attention and MLPs.
+        self.tp = _draft_tensor_parallel(get_parallel())
 
         spec = get_spec()
         path = resolve_checkpoint_dir(
@@ -143,10 +157,10 @@ class DFlashWorker(BaseSpecWorker):
         self.context_window = spec.speculative_draft_window_size
 
         self.draft_model = DFlashDraftModel.from_pretrained(
-            path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device
+            path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device, tp=self.tp
         )
         target = runner.model
-        self.head = TargetHead(target, self.vocab_size)  # the draft's embedding and LM head
+        self.head = TargetHead(target, self.vocab_size, self.tp)  # the draft's embedding and LM head
         self.store: Optional[DraftKVStore] = None
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
 
@@ -159,10 +173,15 @@ class DFlashWorker(BaseSpecWorker):
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         self.test_width1_steps = int(os.environ.get("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "0"))
+        # Debugging aid: every rank's proposals and committed tokens compared each step.
+        self.check_ranks = self.tp.size > 1 and os.environ.get("SGLANG_DFLASH_CHECK_RANKS") == "1"
         self.timer = StepTimer.from_env(self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
         # The verify width per step: adaptive (`width_policy.py`) or always B.
         self.width_policy, width_choice = policy_for(
-            self.num_draft_tokens, torch.device(self.device).type, os.environ.get(ADAPTIVE_WIDTH_ENV)
+            self.num_draft_tokens,
+            torch.device(self.device).type,
+            os.environ.get(ADAPTIVE_WIDTH_ENV),
+            tp_size=self.tp.size,
         )
         # (start, bs, width, context, measured) of the last decode step; None after an extend or
         # idle step.
@@ -182,7 +201,7 @@ class DFlashWorker(BaseSpecWorker):
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
             "verify_width=%d (%s) draft_window=%s device=%s dtype=%s lm_head=%s grammar_aware_proposals=%s "
-            "hidden_states=%s linear_attention_state_commit=%s%s%s",
+            "hidden_states=%s linear_attention_state_commit=%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -199,6 +218,7 @@ class DFlashWorker(BaseSpecWorker):
             self.returns_hidden_states,
             self.linear_state is not None,
             " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
+            " [checking that tensor-parallel ranks agree each step]" if self.check_ranks else "",
             f" [tracing proposals to {trace_path}]" if trace_path else "",
         )
 
@@ -229,13 +249,16 @@ class DFlashWorker(BaseSpecWorker):
             self.store = DraftKVStore(
                 num_slots=num_slots + scratch,
                 num_layers=self.config.num_hidden_layers,
-                num_kv_heads=self.config.num_key_value_heads,
+                num_kv_heads=self.tp.split(self.config.num_key_value_heads, "KV heads"),  # this rank's
                 head_dim=self.config.head_dim,
                 dtype=resolve_draft_kv_dtype(self.model_runner.dtype),
                 device=self.device,
             )
             self.attention = self._choose_attention(num_slots)
-            self.verifier = Verifier(max_bs, self.vocab_size, self.device)
+            # SGLang's random seed, broadcast from rank 0: the same on every tensor-parallel rank.
+            self.verifier = Verifier(
+                max_bs, self.vocab_size, self.device, seed=self.target_worker.random_seed
+            )
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
         logger.info(
@@ -319,8 +342,13 @@ class DFlashWorker(BaseSpecWorker):
             proposals, draft_logits = candidates[:, 1:], None  # [bs, 0]
         else:
             with self.timer.phase("draft"):
-                block_ids, positions, draft_logits = self._draft(batch, width)  # [bs, W] x2, [bs, W-1, V]
-                proposals = torch.argmax(draft_logits, dim=-1)  # [bs, W-1]
+                block_ids, positions, draft_hidden = self._draft(batch, width)  # [bs, W] x2, [bs, W-1, H]
+                draft_logits = None
+                if batch.has_grammar:  # the grammar window ranks the draft's candidates
+                    draft_logits = self.head.logits(draft_hidden)  # [bs, W-1, V]
+                    proposals = torch.argmax(draft_logits, dim=-1)  # [bs, W-1]
+                else:  # (vocab-parallel under tensor parallelism)
+                    proposals = self.head.argmax(draft_hidden)  # [bs, W-1]
         grammar_mask = None
         if batch.has_grammar:
             with self.timer.phase("grammar"):
@@ -350,6 +378,8 @@ class DFlashWorker(BaseSpecWorker):
             if self.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
+            if self.check_ranks:
+                check_ranks_agree(self.tp, candidates=candidates, commit_lens=commit_lens, tokens=out_tokens)
             self.verifier.commit(batch, candidates, commit_lens)
             if self.linear_state is not None and not decoded:
                 # (A decode forward advanced the linear-attention state itself.)
@@ -435,8 +465,8 @@ class DFlashWorker(BaseSpecWorker):
 
     def _draft(self, batch: ScheduleBatch, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draft forward over the full trained block -> the block's first W ids [bs, W]
-        (`[bonus, MASK ...]`), their positions [bs, W], and the draft's logits for window
-        positions 1..W-1 [bs, W-1, V] (their argmax are the proposals)."""
+        (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
+        window positions 1..W-1 [bs, W-1, H] (read out by the LM head into the proposals)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         seq_lens = batch.seq_lens
         bs = seq_lens.shape[0]
@@ -457,8 +487,7 @@ class DFlashWorker(BaseSpecWorker):
         )
         embeds = self.head.embed(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
-        draft_logits = self.head.logits(hidden[:, 1:width])  # [bs, B-1, V]
-        return block_ids[:, :width], block_positions[:, :width], draft_logits
+        return block_ids[:, :width], block_positions[:, :width], hidden[:, 1:width]
 
     def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots) -> GenerationBatchResult:
         """One TARGET_VERIFY forward of the target over the window, a plain causal chain."""

@@ -106,6 +106,17 @@ def load(engine):
     return engine.loop.run_until_complete(engine.tokenizer_manager.get_loads())[0]
 
 
+def idle_load(engine, timeout: float = 30.0):
+    """The load snapshot once no request is running (the scheduler publishes it when it goes
+    idle, which may be a moment after the last output arrives)."""
+    deadline = time.time() + timeout
+    while True:
+        snapshot = load(engine)
+        if snapshot.num_running_reqs == 0 or time.time() > deadline:
+            return snapshot
+        time.sleep(0.2)
+
+
 def server_state(engine) -> dict:
     return engine.get_server_info()["internal_states"][0]
 

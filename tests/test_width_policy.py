@@ -183,6 +183,7 @@ def test_policy_for_the_switch():
     assert policy_for(8, "cuda", None)[0] is None  # verify graphs exist for the full width only
     assert policy_for(8, "cuda", "1")[0] is not None
     assert policy_for(1, "cpu", "1")[0] is None
+    assert policy_for(8, "cpu", "1", tp_size=2)[0] is None  # ranks would choose apart
     with pytest.raises(ValueError, match="SGLANG_DFLASH_ADAPTIVE_WIDTH"):
         policy_for(8, "cpu", "yes")
 

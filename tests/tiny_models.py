@@ -328,6 +328,8 @@ DRAFTS = {
         prefix="model.",
     ),
 }
+# Draft "b" with 2 KV heads: it splits across two tensor-parallel ranks ("b" has 1, which does not).
+DRAFTS["b-tp"] = dict(DRAFTS["b"], num_kv_heads=2, seed=12)
 
 
 # Hybrid linear-attention targets (make_hybrid_target): family and favour, set so the favoured
