@@ -106,13 +106,16 @@ def load(engine):
     return engine.loop.run_until_complete(engine.tokenizer_manager.get_loads())[0]
 
 
-def idle_load(engine, timeout: float = 30.0):
-    """The load snapshot once no request is running (the scheduler publishes it when it goes
-    idle, which may be a moment after the last output arrives)."""
+def idle_load(engine, idle, timeout: float = 30.0):
+    """The load snapshot once it is back at `idle` (a snapshot taken before any request), or
+    the last one after `timeout`. The scheduler publishes snapshots on its own schedule, so one
+    taken right after the last output or a cache flush may still show the work before it; a
+    leak stays in every snapshot and fails the caller's comparison."""
     deadline = time.time() + timeout
     while True:
         snapshot = load(engine)
-        if snapshot.num_running_reqs == 0 or time.time() > deadline:
+        back = (snapshot.num_used_tokens, snapshot.num_running_reqs) == (idle.num_used_tokens, 0)
+        if back or time.time() > deadline:
             return snapshot
         time.sleep(0.2)
 

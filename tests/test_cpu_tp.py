@@ -68,7 +68,7 @@ def _run(target, draft=None, prompts=PROMPTS, batch_sizes=(8,), **kwargs) -> dic
         out: dict = {bs: _generate(engine, prompts, bs) for bs in batch_sizes}
         out["constrained"] = engines.generate(engine, prompts, CONSTRAINED, 8)
         engines.flush_cache(engine)  # the radix cache holds the finished prompts' slots
-        after = engines.idle_load(engine)
+        after = engines.idle_load(engine, idle)
         assert (after.num_used_tokens, after.num_running_reqs) == (idle.num_used_tokens, 0)
         if draft is not None:
             impl = engines.server_state(engine)["dflash_implementation"]

@@ -153,7 +153,7 @@ def dflash(request, tiny, reference):
     yield name, commit, mode, engine
     # Everything below ran on this engine: KV and mamba slots must be back at idle.
     engines.flush_cache(engine)
-    after = engines.load(engine)
+    after = engines.idle_load(engine, idle)
     assert (after.num_used_tokens, after.num_running_reqs) == (idle.num_used_tokens, 0)
     engines.shutdown(engine)
 

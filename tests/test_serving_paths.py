@@ -68,7 +68,7 @@ def engine(request, tiny, expected):
     yield eng
     # Everything below ran on this engine: its pools must be back at the idle level.
     engines.flush_cache(eng)
-    after = engines.load(eng)
+    after = engines.idle_load(eng, idle)
     assert (after.num_used_tokens, after.num_running_reqs) == (idle.num_used_tokens, 0)
     engines.shutdown(eng)
 
