@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.block import context_window, gather_slots
+from sglang_dflash.block import context_window, gather_rows, gather_slots
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
@@ -120,8 +120,8 @@ class SdpaDraftAttention:
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
         bs = self.bs
-        k_ctx = self.store.k[layer_id][self.context_slots]  # [bs, C, kv_heads, d]
-        v_ctx = self.store.v[layer_id][self.context_slots]
+        k_ctx = gather_rows(self.store.k[layer_id], self.context_slots)  # [bs, C, kv_heads, d]
+        v_ctx = gather_rows(self.store.v[layer_id], self.context_slots)
         out = attend_with_context(
             q.unflatten(0, (bs, -1)),
             k_ctx,

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.block import gather_slots
+from sglang_dflash.block import gather_rows, gather_slots
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ def chain_verify_attention(
     # The CPU engine's lengths live in host memory: reading their max is not a device sync.
     length = min(int(prefix_lens.max()) + width, req_to_token.shape[1])
     slots = gather_slots(req_to_token, req_pool_indices, 0, length)  # [bs, L]
-    keys = k_cache[slots].transpose(1, 2)  # [bs, Hk, L, d]
-    values = v_cache[slots].transpose(1, 2)  # [bs, Hk, L, dv]
+    keys = gather_rows(k_cache, slots).transpose(1, 2)  # [bs, Hk, L, d]
+    values = gather_rows(v_cache, slots).transpose(1, 2)  # [bs, Hk, L, dv]
     if keys.dtype != query.dtype:
         keys, values = keys.to(query.dtype), values.to(query.dtype)
     q = query.view(bs, width, *query.shape[1:]).transpose(1, 2)  # [bs, Hq, W, d]
