@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import random
 import shlex
 import sys
 
@@ -35,6 +36,22 @@ from scripts.benchlib import report, runner, server  # noqa: E402
 
 def int_list(text: str) -> list:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def token_range(text: str) -> tuple[int, int]:
+    """ "128" -> (128, 128); "64-192" -> (64, 192)."""
+    low, _, high = text.partition("-")
+    bounds = (int(low), int(high or low))
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected N or LOW-HIGH with 1 <= LOW <= HIGH, got {text!r}")
+    return bounds
+
+
+def output_length(bounds: tuple[int, int], index: int) -> int:
+    """Request `index`'s max_new_tokens: drawn from `bounds` by a generator seeded with the
+    index, so every server in a comparison gets the same length for the same request."""
+    low, high = bounds
+    return low if low == high else random.Random(index).randint(low, high)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,7 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     load.add_argument("--no-flush-cache", action="store_true", help="keep the radix cache between levels")
 
     sampling = p.add_argument_group("sampling")
-    sampling.add_argument("--max-new-tokens", type=int, default=256)
+    sampling.add_argument(
+        "--max-new-tokens",
+        type=token_range,
+        default=(256, 256),
+        help="N, or LOW-HIGH: each request's length drawn uniformly (the same per request on every server)",
+    )
     sampling.add_argument("--temperature", type=float, default=0.0)
     sampling.add_argument("--top-p", type=float)
     sampling.add_argument("--top-k", type=int)
@@ -87,8 +109,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def sampling_params(args) -> dict:
-    params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+def sampling_params(args, index: int = 0) -> dict:
+    params = {"max_new_tokens": output_length(args.max_new_tokens, index), "temperature": args.temperature}
     if args.top_p is not None:
         params["top_p"] = args.top_p
     if args.top_k is not None:
@@ -102,15 +124,16 @@ def payload_fn(args, url: str, prompts: list):
     """Request index -> payload, cycling through the prompts."""
     from scripts.benchlib import client
 
-    sampling = sampling_params(args)
     if args.endpoint == "chat":
-        bodies = [client.chat_payload(p.as_messages(), sampling, args.model) for p in prompts]
-    else:
-        template = None
-        if any(p.text is None for p in prompts):
-            template = chat_template(args.tokenizer or server_tokenizer(url))
-        bodies = [client.generate_payload(p.as_text(template), sampling) for p in prompts]
-    return lambda i: bodies[i % len(bodies)]
+        messages = [p.as_messages() for p in prompts]
+        return lambda i: client.chat_payload(
+            messages[i % len(messages)], sampling_params(args, i), args.model
+        )
+    template = None
+    if any(p.text is None for p in prompts):
+        template = chat_template(args.tokenizer or server_tokenizer(url))
+    texts = [p.as_text(template) for p in prompts]
+    return lambda i: client.generate_payload(texts[i % len(texts)], sampling_params(args, i))
 
 
 def server_tokenizer(url: str) -> str:

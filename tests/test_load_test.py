@@ -147,6 +147,27 @@ def test_chat_payload_maps_sampling_names():
     assert p["stream"] and p["stream_options"]["continuous_usage_stats"] and p["return_spec_tokens_details"]
 
 
+def test_output_lengths_from_a_range_are_the_same_per_request_on_every_server():
+    assert load_test.token_range("128") == (128, 128)
+    assert load_test.token_range("64-192") == (64, 192)
+    for bad in ("0", "192-64"):
+        with pytest.raises(Exception, match="LOW-HIGH"):
+            load_test.token_range(bad)
+    lengths = [load_test.output_length((64, 192), i) for i in range(400)]
+    assert min(lengths) == 64 and max(lengths) == 192 and len(set(lengths)) > 100
+    assert abs(sum(lengths) / len(lengths) - 128) < 5  # uniform: mean 128
+    texts = [prompts.Prompt(text=f"prompt {i}") for i in range(3)]
+    for endpoint, key in (("generate", "max_new_tokens"), ("chat", "max_tokens")):
+        args = load_test.parse_args(
+            ["--url", "http://x", "--endpoint", endpoint, "--max-new-tokens", "64-192"]
+        )
+        payload = load_test.payload_fn(args, "http://x", texts)
+        got = [(payload(i).get("sampling_params") or payload(i))[key] for i in range(400)]
+        assert got == lengths  # the request index decides, whichever server sends it
+    fixed = load_test.parse_args(["--url", "http://x", "--max-new-tokens", "7"])
+    assert load_test.payload_fn(fixed, "http://x", texts)(5)["sampling_params"]["max_new_tokens"] == 7
+
+
 def test_prompt_files(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(
