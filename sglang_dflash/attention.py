@@ -45,6 +45,27 @@ def visibility(
     return visible
 
 
+def planning_lens(
+    seq_lens_cpu: Optional[torch.Tensor], reserved_lens_cpu: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, bool]:
+    """Host lengths to plan a step's draft attention with, and whether they are exact.
+
+    seq_lens_cpu [bs]: SGLang's `batch.seq_lens_cpu`, the committed lengths (exact when present:
+    `prepare_for_decode` seeds it from the requests, and under overlap scheduling
+    `FutureMap.resolve_seq_lens_cpu` replaces it with the published lengths before the forward;
+    None only when every attention backend opted out of host lengths).
+    reserved_lens_cpu [bs]: `DFlashDraftInputV2.nxt_kv_lens_cpu`, the slots `prepare_for_decode`
+    reserved, committed + 2B page-aligned: an upper bound.
+    Planning with an upper bound is safe only where the plan does not split the KV by its host
+    length (`FlashInferDraftAttention.bind`); reading either costs no device sync.
+    """
+    if seq_lens_cpu is not None:
+        return seq_lens_cpu, True
+    if reserved_lens_cpu is None:
+        raise ValueError("the batch has neither seq_lens_cpu nor reserved lengths to plan with")
+    return reserved_lens_cpu, False
+
+
 def attend_with_context(
     q: torch.Tensor,
     k_ctx: torch.Tensor,
@@ -86,11 +107,13 @@ class SdpaDraftAttention:
         context_lens: torch.Tensor,
         context_lens_cpu: torch.Tensor,
         block_size: int,
+        host_lens_exact: bool = True,
     ) -> "SdpaDraftAttention":
         """Plan this step (same contract as `FlashInferDraftAttention.bind`).
 
         context_lens [bs] exact committed lengths (device); context_lens_cpu [bs] on the host,
-        exact or an upper bound: it only sizes the padded gather, so reading it costs no sync.
+        exact or an upper bound (`host_lens_exact`): it only sizes the padded gather, so reading
+        it costs no sync, and an upper bound only pads more.
         """
         bs = context_lens.shape[0]
         c = min(int(context_lens_cpu.max()), req_to_token.shape[1])

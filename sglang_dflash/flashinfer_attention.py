@@ -17,11 +17,16 @@ per layer then gives `visibility(...)`: full-attention layers non-causal, slidin
 `window_left = sliding_window - 1` (causal or not, per `DFlashDraftConfig.layer_is_causal`).
 
 Planning, once per step and per layer kind, with no host sync: FlashInfer schedules its work
-from host lengths, which may be upper bounds (`context_lens_cpu`: the scheduler's
-`batch.seq_lens_cpu`, exact when present, else `DFlashDraftInputV2.nxt_kv_lens_cpu`); the
-device indptr and page indices are built on the GPU from the exact device lengths, and the fa2
-kernels clamp every KV tile to the device lengths. (The plan copies the host indptr to the
-device; we then point the wrapper at the exact device indptr.)
+from host lengths (`attention.planning_lens`: the scheduler's `batch.seq_lens_cpu`, exact, else
+`DFlashDraftInputV2.nxt_kv_lens_cpu`, an upper bound); the device indptr and page indices are
+built on the GPU from the exact device lengths, and the fa2 kernels clamp every KV tile to the
+device lengths. (The plan copies the host indptr to the device; we then point the wrapper at the
+exact device indptr.) Split-KV must see exact host lengths: the plan sizes each request's KV
+chunks and the merge of their partial outputs from the host lengths, while the kernel counts
+chunks from the device lengths, so with an upper bound the two disagree and partial outputs of
+different rows are merged together. With upper-bound host lengths the plan therefore disables
+split-KV (one chunk per request and query tile: correct, and slower for long contexts at small
+batch, where split-KV is what fills the GPU).
 
 `flashinfer` is imported lazily: this module imports on CPU-only hosts.
 """
@@ -190,9 +195,10 @@ class FlashInferDraftAttention:
         context_lens: torch.Tensor,
         context_lens_cpu: torch.Tensor,
         block_size: int,
+        host_lens_exact: bool = True,
     ) -> "FlashInferDraftAttention":
         """Plan this step. context_lens [bs] on the GPU (exact); context_lens_cpu [bs] on the host,
-        exact or an upper bound."""
+        exact (`host_lens_exact`) or an upper bound, which turns split-KV off (module docstring)."""
         bs = context_lens.shape[0]
         if not 1 <= bs <= self.max_batch_size:
             raise ValueError(f"batch size {bs} is outside [1, {self.max_batch_size}]")
@@ -224,6 +230,7 @@ class FlashInferDraftAttention:
                 q_data_type=self.q_dtype,
                 kv_data_type=self.store.k.dtype,
                 non_blocking=True,
+                disable_split_kv=not host_lens_exact,
             )
             wrapper._paged_kv_indptr_buf = layout.kv_indptr
         self.layout = layout  # keeps the device buffers alive for the step

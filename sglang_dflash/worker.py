@@ -41,7 +41,7 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
 from sglang_dflash import IMPL_NAME, __version__, flashinfer_attention, ops
-from sglang_dflash.attention import SdpaDraftAttention
+from sglang_dflash.attention import SdpaDraftAttention, planning_lens
 from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.cpu import verify_attention
@@ -329,6 +329,10 @@ class DFlashWorker(BaseSpecWorker):
     def _forward_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         seq_lens = batch.seq_lens  # [bs] committed lengths
         bs = seq_lens.shape[0]
+        draft_input: DFlashDraftInputV2 = batch.spec_info
+        # [bs] host committed lengths to plan the draft's attention with (no device sync), exact
+        # when the scheduler has them, else upper bounds.
+        host_lens, host_lens_exact = planning_lens(batch.seq_lens_cpu, draft_input.nxt_kv_lens_cpu)
         # W: the verify width of this step, 1 <= W <= B.
         width = self._choose_width(bs, batch.seq_lens_sum or 0)
         # W = 1 through the target's decode forward (else a verify over the window, `_verify`).
@@ -336,13 +340,13 @@ class DFlashWorker(BaseSpecWorker):
 
         if width == 1:
             # Speculation off for this step: no draft; the target runs one token per request.
-            draft_input: DFlashDraftInputV2 = batch.spec_info
             candidates = draft_input.bonus_tokens.to(torch.int64)[:, None]  # [bs, 1]
             positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
             proposals, draft_logits = candidates[:, 1:], None  # [bs, 0]
         else:
             with self.timer.phase("draft"):
-                block_ids, positions, draft_hidden = self._draft(batch, width)  # [bs, W] x2, [bs, W-1, H]
+                # [bs, W] x2, [bs, W-1, H]
+                block_ids, positions, draft_hidden = self._draft(batch, width, host_lens, host_lens_exact)
                 draft_logits = None
                 if batch.has_grammar:  # the grammar window ranks the draft's candidates
                     draft_logits = self.head.logits(draft_hidden)  # [bs, W-1, V]
@@ -405,7 +409,7 @@ class DFlashWorker(BaseSpecWorker):
                 )
             self._hand_over_hidden_states(batch, logits_output)
         if self.trace_file is not None:
-            self._trace(batch, seq_lens, proposals)
+            self._trace(batch, seq_lens, host_lens, proposals)
         self.timer.end_step(
             bs, width=width, probe=self.width_policy is not None and self.width_policy.probing
         )
@@ -463,7 +467,9 @@ class DFlashWorker(BaseSpecWorker):
             self.metrics.observe_width(width)
         return width
 
-    def _draft(self, batch: ScheduleBatch, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _draft(
+        self, batch: ScheduleBatch, width: int, host_lens: torch.Tensor, host_lens_exact: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draft forward over the full trained block -> the block's first W ids [bs, W]
         (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
         window positions 1..W-1 [bs, W-1, H] (read out by the LM head into the proposals)."""
@@ -476,14 +482,13 @@ class DFlashWorker(BaseSpecWorker):
             mask_token_id=self.config.mask_token_id,
             block_size=self.block_size,
         )
-        # Host upper bounds of the committed lengths, for planning without a device sync: the
-        # reservation made by prepare_for_decode, else the (possibly one-step-stale) host lengths
-        # plus one step's worth of commits.
-        lens_cpu = draft_input.nxt_kv_lens_cpu
-        if lens_cpu is None:
-            lens_cpu = batch.seq_lens_cpu + self.num_draft_tokens
         attend = self.attention.bind(
-            self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, lens_cpu, self.block_size
+            self.req_to_token_pool.req_to_token,
+            batch.req_pool_indices,
+            seq_lens,
+            host_lens,
+            self.block_size,
+            host_lens_exact=host_lens_exact,
         )
         embeds = self.head.embed(block_ids.view(-1))
         hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
@@ -575,8 +580,14 @@ class DFlashWorker(BaseSpecWorker):
             candidates, target_predict, commit_len, real_draft_tokens=token_mode == "real-draft-token"
         )
 
-    def _trace(self, batch: ScheduleBatch, seq_lens: torch.Tensor, proposals: torch.Tensor) -> None:
-        """Test aid: record each request's verified proposals per step (host sync; off by default)."""
-        for req, prefix, row in zip(batch.reqs, seq_lens.tolist(), proposals.tolist()):
-            self.trace_file.write(json.dumps({"rid": req.rid, "prefix_len": prefix, "proposals": row}) + "\n")
+    def _trace(
+        self, batch: ScheduleBatch, seq_lens: torch.Tensor, host_lens: torch.Tensor, proposals: torch.Tensor
+    ) -> None:
+        """Test aid: record each request's verified proposals per step, with its committed length
+        on the device and the host length the draft's attention plans with (host sync; off by
+        default)."""
+        rows = zip(batch.reqs, seq_lens.tolist(), host_lens.tolist(), proposals.tolist())
+        for req, prefix, host_prefix, row in rows:
+            record = {"rid": req.rid, "prefix_len": prefix, "host_prefix_len": host_prefix, "proposals": row}
+            self.trace_file.write(json.dumps(record) + "\n")
         self.trace_file.flush()

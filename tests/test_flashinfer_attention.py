@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang_dflash import flashinfer_attention as fia
-from sglang_dflash.attention import SdpaDraftAttention, visibility
+from sglang_dflash.attention import SdpaDraftAttention, planning_lens, visibility
 from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
@@ -79,6 +79,44 @@ def test_paged_layout_lists_context_then_scratch(slack, window):
     assert layout.kv_indices[: indptr[-1]].tolist() == expected
     assert layout.qo_indptr_host.tolist() == [i * BLOCK for i in range(len(context_lens) + 1)]
     assert layout.last_page_len_host.tolist() == [1] * len(context_lens)
+
+
+def test_planning_lens_prefer_the_exact_host_lengths():
+    committed, reserved = torch.tensor([5, 40]), torch.tensor([32, 64])  # reserved: + 2B, aligned
+    assert planning_lens(committed, reserved) == (committed, True)
+    assert planning_lens(committed, None) == (committed, True)
+    assert planning_lens(None, reserved) == (reserved, False)
+    with pytest.raises(ValueError, match="neither seq_lens_cpu nor reserved lengths"):
+        planning_lens(None, None)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_upper_bound_host_lengths_plan_without_split_kv(exact):
+    """The plan FlashInfer gets (CPU, with a stand-in wrapper): split-KV only on exact host
+    lengths, whose per-request chunk counts then match the kernel's (module docstring)."""
+    plans = []
+
+    class Wrapper:
+        def plan(self, *args, **kwargs):
+            plans.append((args, kwargs))
+
+    config = make_config(["full_attention", "sliding_attention"], window=24)
+    attn = object.__new__(fia.FlashInferDraftAttention)  # __init__ refuses a CPU store
+    attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, 4, None
+    attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
+    attn.store = DraftKVStore(
+        num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
+    )
+    attn.kinds = [fia.layer_kind(config, i) for i in range(2)]
+    attn.wrappers = {kind: Wrapper() for kind in set(attn.kinds)}
+    req_to_token, rows = make_req_to_token([3, 9], 100)
+    lens = torch.tensor([3, 9])
+    attn.bind(req_to_token, rows, lens, lens if exact else lens + 16, BLOCK, host_lens_exact=exact)
+    assert len(plans) == 2  # one per layer kind
+    for args, kwargs in plans:
+        assert kwargs["disable_split_kv"] is (not exact)
+        assert args[1].tolist() == ([0, 19, 44] if exact else [0, 35, 76])  # host kv indptr
+    assert all(w._paged_kv_indptr_buf.tolist() == [0, 19, 44] for w in attn.wrappers.values())
 
 
 def flashinfer_mask(qo_len: int, kv_len: int, causal: bool, window_left: int) -> torch.Tensor:
@@ -210,7 +248,9 @@ def test_matches_sdpa(context_lens, slack, window):
         attn = fia.FlashInferDraftAttention(
             cfg, store, scratch_base=target_slots, max_batch_size=max_bs, context_window=window
         )
-        attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens + slack, BLOCK)
+        # Upper-bound host lengths are planned without split-KV (module docstring).
+        host_lens, exact = lens + slack, slack == 0
+        attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), host_lens, BLOCK, host_lens_exact=exact)
         committed = store.k[:, :target_slots].clone()
         n, heads, kvh, d = bs * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         for layer_id in range(cfg.num_hidden_layers):

@@ -191,6 +191,17 @@ def test_grammar_outputs_equal_the_reference_and_validate(dflash, reference, bat
     assert sum(o["meta_info"]["spec_verify_ct"] for o in got) < sum(len(o["output_ids"]) for o in got)
 
 
+def test_the_draft_plans_with_exact_host_lengths(dflash):
+    """Every traced decode step's host committed lengths (`batch.seq_lens_cpu`, which the draft's
+    attention plans with) equal the device ones, with overlap scheduling and without: FlashInfer's
+    split-KV plan is only right with exact host lengths (`attention.planning_lens`)."""
+    engines.generate(dflash, engines.prompts(8, seed=5), {"max_new_tokens": 32, "temperature": 0}, 8)
+    steps = [json.loads(line) for line in open(dflash.trace_path)]
+    assert len(steps) > 30
+    wrong = [s for s in steps if s["host_prefix_len"] != s["prefix_len"]]
+    assert not wrong, wrong[:5]
+
+
 def test_grammar_aware_proposals_are_legal(dflash, tiny):
     """Replays every traced step of the grammar requests with a fresh xgrammar matcher: the
     matcher takes the request's output up to the step's bonus, then each proposal in turn."""
