@@ -7,6 +7,8 @@ scheduler process; each step then appends one JSON line to `<path>`:
     {"pid": 123, "kind": "decode", "bs": 4, "width": 8, "t_start": 812.1034, "t_end": 812.1101,
      "phases": {"draft": 2.1, "verify": 3.4, "accept": 0.2, "inject": 0.9}, "io_ms": 0.02}
 
+`counts` (when any) are events counted in the step: `target_attention_plans`, how many times the
+target's attention backend planned (`init_forward_metadata`; one forward, one plan).
 `width` is the step's verify width (decode steps; 1 = no draft) and `probe` whether the width
 policy chose it to measure it rather than as the best (`width_policy.py`). `t_start` / `t_end` are
 `time.perf_counter()` seconds at the first phase's start and the last phase's end; `phases` are
@@ -52,6 +54,7 @@ class StepTimer:
         self._t_start: Optional[float] = None
         self._t_end: Optional[float] = None
         self._io_ms = 0.0
+        self._counts: dict[str, int] = {}
 
     @classmethod
     def from_env(cls, device=None) -> "StepTimer":
@@ -76,6 +79,17 @@ class StepTimer:
             self._t_end = end
             self._phases[name] = self._phases.get(name, 0.0) + (end - start) * 1e3
 
+    def counted(self, fn: Callable, name: str) -> Callable:
+        """`fn`, counting its calls under `name` in each step's record (`fn` itself when off)."""
+        if not self.enabled:
+            return fn
+
+        def wrapper(*args, **kwargs):
+            self._counts[name] = self._counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
     def end_step(
         self, batch_size: int, kind: str = "decode", width: Optional[int] = None, probe: bool = False
     ) -> None:
@@ -90,9 +104,10 @@ class StepTimer:
             "t_start": self._t_start,
             "t_end": self._t_end,
             "phases": {name: round(ms, 6) for name, ms in self._phases.items()},
+            **({"counts": self._counts} if self._counts else {}),
             "io_ms": round(self._io_ms, 6),
         }
-        self._phases, self._t_start, self._t_end = {}, None, None
+        self._phases, self._t_start, self._t_end, self._counts = {}, None, None, {}
         io_start = time.perf_counter()
         if self._file is None:
             self._file = open(self.path, "a")

@@ -268,6 +268,44 @@ class DFlashWorker(BaseSpecWorker):
             self.store.nbytes / 2**20,
         )
 
+    def init_cuda_graphs(self):
+        """SGLang's last start-up hook, after the target's attention backends and graphs: warm
+        the draft step up, and with step timing on, count the target's attention plans."""
+        if self.timer.enabled:  # the target's eager plans per step, in the step records
+            backend = self.model_runner.attn_backend
+            backend.init_forward_metadata = self.timer.counted(
+                backend.init_forward_metadata, "target_attention_plans"
+            )
+        self._warm_up()
+
+    @torch.no_grad()
+    def _warm_up(self) -> None:
+        """One draft step at batch 1 over a one-token context before serving: the injection,
+        every draft layer kind's attention, the LM head. FlashInfer (and the fused op's first
+        launch) compile on first use, which with FlashInfer's PyPI wheel takes minutes; inside
+        the first decode step that would stall serving under the scheduler's watchdog. Writes
+        only the sink slot 0 and FlashInfer's scratch slots."""
+        start = time.perf_counter()
+        device, dtype = self.device, self.model_runner.dtype
+        one = torch.ones(1, dtype=torch.int64, device=device)
+        features = torch.zeros(1, self.draft_model.fc.in_features, dtype=dtype, device=device)
+        ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1)  # slot 0
+        block_ids, positions = prepare_draft_block(
+            one, one, mask_token_id=self.config.mask_token_id, block_size=self.block_size
+        )  # [1, Bd] x2, after a one-token context (req_to_token's row 0; only read)
+        attend = self.attention.bind(
+            self.req_to_token_pool.req_to_token, one - 1, one, one.cpu(), self.block_size
+        )
+        hidden = self.draft_model(self.head.embed(block_ids.view(-1)), positions.view(-1), attend)
+        self.head.argmax(hidden.view(1, self.block_size, -1)[:, 1:])
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        logger.info(
+            "DFLASH warm-up (injection, %s draft attention, LM head): %.1f s",
+            self.attention_name,
+            time.perf_counter() - start,
+        )
+
     def _choose_attention(self, num_target_slots: int):
         """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""
         if self.flashinfer_unavailable is None:
@@ -510,7 +548,11 @@ class DFlashWorker(BaseSpecWorker):
         if seq_lens_cpu is not None:
             batch.seq_lens_cpu = seq_lens_cpu + width
             batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        # Planning is left to the forward (ModelRunner plans a verify batch that is not marked
+        # planned, once, eager or graphed); planning here too would plan every verify twice.
+        forward_batch, _ = verify_input.prepare_for_verify(
+            batch, self.target_worker, defer_metadata_init=True
+        )
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
         return self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True

@@ -72,6 +72,7 @@ def test_never_accepted_drafts_turn_speculation_off(tiny, tmp_path, monkeypatch,
     off = [s for s in chosen(steps) if s["width"] == 1]
     assert len(off) >= 0.8 * len(chosen(steps)), trace(steps)
     assert all("draft" not in s["phases"] for s in off)
+    assert {s["counts"]["target_attention_plans"] for s in steps} == {1}
     assert all("draft" in s["phases"] for s in steps if s["width"] > 1)
 
 
@@ -80,6 +81,9 @@ def test_fixed_width_switch(tiny, tmp_path, monkeypatch, reference):
     out, steps = run_engine(tiny, tmp_path, monkeypatch, {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0"}, "fixed")
     assert out == reference
     assert {s["width"] for s in steps} == {8}
+    # One plan of the target's attention per verify forward (prepare_for_verify leaves it to the
+    # forward; planning there as well made it two).
+    assert {s["counts"]["target_attention_plans"] for s in steps} == {1}
 
 
 def test_always_accepted_drafts_keep_the_full_width(tiny, tmp_path, monkeypatch):

@@ -269,3 +269,45 @@ def test_context_window_matches_reference_on_the_last_w_tokens(checkpoints, name
             assert not torch.equal((got[i] @ lm_head.T).argmax(-1), (full[i] @ lm_head.T).argmax(-1))
         else:
             torch.testing.assert_close(got[i], full[i], **TOL)
+
+
+@pytest.mark.sglang  # the worker module imports SGLang
+@pytest.mark.parametrize("name", ["gqa4/1-hd32-3layers", "sliding-noncausal"])
+def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
+    """`DFlashWorker._warm_up` runs a whole draft step (injection, every layer kind's attention,
+    the LM head) before serving; it must leave every committed slot as it was."""
+    from types import SimpleNamespace
+
+    from sglang_dflash.worker import DFlashWorker
+
+    model = _load_ours(checkpoints[name])
+    config = model.config
+    store = DraftKVStore(
+        num_slots=NUM_SLOTS,
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    store.k.normal_()
+    store.v.normal_()
+    before_k, before_v = store.k.clone(), store.v.clone()
+    embedding = torch.nn.Embedding(VOCAB, HIDDEN)
+    argmaxes = []
+    worker = SimpleNamespace(
+        device="cpu",
+        model_runner=SimpleNamespace(dtype=torch.float32),
+        draft_model=model,
+        store=store,
+        config=config,
+        block_size=config.block_size,
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(64, dtype=torch.int32).view(2, 32)),
+        attention=SdpaDraftAttention(config, store),
+        attention_name="torch-sdpa",
+        head=SimpleNamespace(embed=embedding, argmax=lambda hidden: argmaxes.append(hidden.shape)),
+    )
+    DFlashWorker._warm_up(worker)
+    assert argmaxes == [(1, config.block_size - 1, HIDDEN)]
+    assert not torch.equal(store.k[:, 0], before_k[:, 0])  # the injection ran, into the sink
+    assert torch.equal(store.k[:, 1:], before_k[:, 1:]) and torch.equal(store.v[:, 1:], before_v[:, 1:])
