@@ -69,6 +69,7 @@ was emitted. Greedy rows use argmax, so they are `greedy_verify` exactly.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -137,6 +138,41 @@ class SamplingRows:
             min_ps=self.min_ps.repeat_interleave(width),
             seeds=seeds,
         )
+
+    def rows(self, start: int, end: int) -> "SamplingRows":
+        """Rows start..end-1."""
+        seeds = None if self.seeds is None else self.seeds[start:end]
+        return replace(
+            self,
+            temperatures=self.temperatures.reshape(-1)[start:end],
+            top_ks=self.top_ks[start:end],
+            top_ps=self.top_ps[start:end],
+            min_ps=self.min_ps[start:end],
+            seeds=seeds,
+        )
+
+
+# ----------------------------------------------------------------------------- memory
+
+# Transient bytes per logit of one draw, at its peak, rounded up: the seeded path with a filter,
+# the largest (float32 probabilities and sorted weights, int64 sorted ids, int64 hash
+# intermediates, float64 noise and scores), measured at 89 on CPU by
+# `scripts/bench_sampling_memory.py` (README); unseeded draws take 12 (no filter) to 26.
+BYTES_PER_LOGIT = 96
+MEMORY_ENV = "SGLANG_DFLASH_SAMPLING_MEMORY_MB"
+DEFAULT_MEMORY_MB = 1024
+
+
+def rows_per_draw(vocab: int, memory_mb: Optional[int] = None) -> int:
+    """How many rows one draw takes at once so that its transient memory stays within
+    `memory_mb` (default: `SGLANG_DFLASH_SAMPLING_MEMORY_MB`, else 1024). E.g., a 151,936-token
+    vocabulary and 1024 MB -> 73 rows, so a seeded verify of 48 requests x 16 positions draws
+    in 11 chunks instead of holding about 10 GB at once."""
+    if memory_mb is None:
+        memory_mb = int(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB)
+    if memory_mb <= 0:
+        raise ValueError(f"{MEMORY_ENV} must be positive, got {memory_mb}")
+    return max(1, (memory_mb << 20) // (BYTES_PER_LOGIT * vocab))
 
 
 # ----------------------------------------------------------------------------- filters
@@ -255,15 +291,44 @@ def sample_target_tokens(
     rows: SamplingRows,
     positions: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    max_rows: Optional[int] = None,
 ) -> torch.Tensor:
     """One draw per row from the target distribution (argmax for greedy rows).
 
     logits [n, V] adjusted; rows: n rows; positions [n] absolute position of each row's input
     token (needed when rows.seeds is set); generator: the noise source when unseeded (None = the
-    device's default generator). Returns [n] int64. No host sync.
+    device's default generator); max_rows: rows drawn at once (default `rows_per_draw`), which
+    bounds the transient memory at about max_rows x V x BYTES_PER_LOGIT. Returns [n] int64. No
+    host sync: the chunks are a host loop over sizes known on the host. Each row's draw depends
+    only on its own logits and noise, so chunking changes nothing for seeded and greedy rows;
+    unseeded rows take their noise from the generator chunk by chunk (the same law).
     """
     if rows.seeds is not None and positions is None:
         raise ValueError("sample_target_tokens: rows.seeds is set, so positions are required")
+    n, vocab = logits.shape
+    max_rows = max_rows or rows_per_draw(vocab)
+    if n <= max_rows:
+        return _draw(logits, rows, positions, generator)
+    return torch.cat(
+        [
+            _draw(
+                logits[start : start + max_rows],
+                rows.rows(start, start + max_rows),
+                None if positions is None else positions[start : start + max_rows],
+                generator,
+            )
+            for start in range(0, n, max_rows)
+        ]
+    )
+
+
+def _draw(
+    logits: torch.Tensor,
+    rows: SamplingRows,
+    positions: Optional[torch.Tensor],
+    generator: Optional[torch.Generator],
+) -> torch.Tensor:
+    """`sample_target_tokens` for rows drawn at once: [n, V] -> [n] int64."""
     vocab = logits.shape[-1]
     greedy_tokens = torch.argmax(logits, dim=-1)
     probs = _temperature_softmax(logits, rows.temperatures)
@@ -298,12 +363,14 @@ def sampled_verify(
     rows: SamplingRows,
     positions: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    max_rows: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify a block for a batch mixing greedy and sampled requests; exactly lossless.
 
     candidates [bs, B] = [bonus, d1..d_{B-1}]; logits [bs, B, V] target logits per window
     position, adjusted (`penalties.py`); rows: bs requests (`SamplingRows`);
-    positions [bs, B] absolute positions of the candidates (seeded mode); generator: unseeded noise.
+    positions [bs, B] absolute positions of the candidates (seeded mode); generator: unseeded noise;
+    max_rows: window rows drawn at once (`sample_target_tokens`).
     Returns accept_len [bs], out_tokens [bs, B] (d1..d_acc, new bonus, 0-padding), new_bonus [bs],
     the contract of `greedy_verify`. Each row t draws the target's own token (module docstring);
     the proposals are then verified against those draws exactly as `greedy_verify` does.
@@ -312,6 +379,6 @@ def sampled_verify(
     bs, width = candidates.shape
     flat_positions = None if positions is None else positions.reshape(-1)
     draws = sample_target_tokens(
-        logits.reshape(bs * width, -1), rows.repeat_rows(width), flat_positions, generator
+        logits.reshape(bs * width, -1), rows.repeat_rows(width), flat_positions, generator, max_rows
     )
     return greedy_verify(candidates, draws.view(bs, width).to(candidates.dtype))

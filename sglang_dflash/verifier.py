@@ -37,7 +37,7 @@ import torch
 from sglang_dflash import logit_processors
 from sglang_dflash.logit_processors import ProcessorHistory
 from sglang_dflash.penalties import PenaltyParams, PenaltyState, needs_penalties
-from sglang_dflash.sampling import SamplingRows, sampled_verify
+from sglang_dflash.sampling import BYTES_PER_LOGIT, SamplingRows, rows_per_draw, sampled_verify
 from sglang_dflash.verify import greedy_verify
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,13 @@ class Verifier:
         self._windows: list[list[int]] = []  # this step's verify windows on the host (processors only)
         # Seeds for unseeded requests that share a batch with seeded ones; the same on every rank.
         self._random = random.Random(seed)
+        # Sampled verification draws this many window rows at once, bounding its memory.
+        self.max_sample_rows = rows_per_draw(vocab_size)
+        logger.info(
+            "DFLASH sampled verification: at most %d rows at once (%.0f MB of transient memory)",
+            self.max_sample_rows,
+            self.max_sample_rows * vocab_size * BYTES_PER_LOGIT / 2**20,
+        )
 
     @contextlib.contextmanager
     def seeded(self, batch) -> Iterator[None]:
@@ -118,7 +125,10 @@ class Verifier:
             return (*greedy_verify(candidates, predict), logits)
         rows = SamplingRows.from_sampling_info(info)
         seeded_positions = positions if rows.seeds is not None else None
-        return (*sampled_verify(candidates, logits.view(bs, width, -1), rows, seeded_positions), logits)
+        logits_3d = logits.view(bs, width, -1)
+        max_rows = self.max_sample_rows
+        verified = sampled_verify(candidates, logits_3d, rows, seeded_positions, max_rows=max_rows)
+        return (*verified, logits)
 
     def _adjust(self, batch, candidates, logits, grammar_mask, penalized) -> torch.Tensor:
         """[bs*B, V] -> [bs*B, V] float32, adjusted as successive decode steps (see above)."""

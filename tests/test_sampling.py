@@ -27,10 +27,12 @@ import torch
 from sglang_dflash import penalties, sampling
 from sglang_dflash.penalties import PenaltyParams, commit_output_counts, penalize_block_logits
 from sglang_dflash.sampling import (
+    MEMORY_ENV,
     TOP_K_ALL,
     SamplingRows,
     filtered_probs,
     murmur_hash32,
+    rows_per_draw,
     sample_target_tokens,
     sampled_verify,
 )
@@ -535,6 +537,48 @@ def test_emitted_tokens_follow_the_target_law(name, kind, seeded):
         # never emitted; for kind "outside" that means d1 is never accepted (acc_law[0] == 1).
         assert outside == 0, f"{what}: {outside} emitted tokens outside the target's support"
         assert stat <= threshold, f"{what}: chi2 {stat:.1f} > {threshold:.1f} (alpha {ALPHA})"
+
+
+@pytest.mark.parametrize("name", ["temperature", "all_three"])
+def test_chunked_draws_follow_the_target_law(name):
+    """Unseeded rows drawn 997 at a time (each chunk takes its own noise from the generator):
+    still the target's law."""
+
+    def chunked_verify(candidates, logits, rows, positions, generator):
+        return sampled_verify(candidates, logits, rows, None, generator, max_rows=997)
+
+    for what, stat, threshold, outside in law_checks(chunked_verify, FILTERS[name], "likely", False):
+        assert outside == 0, what
+        assert stat <= threshold, f"{what}: chi2 {stat:.1f} > {threshold:.1f} (alpha {ALPHA})"
+
+
+@pytest.mark.parametrize("max_rows", [1, 7, 64])
+def test_chunked_draws_equal_whole_ones_for_seeded_and_greedy_rows(max_rows):
+    g = torch.Generator().manual_seed(9)
+    n, vocab = 64, 50
+    logits = torch.randn(n, vocab, generator=g) * 2
+    top_ks = torch.where(torch.arange(n) % 3 == 0, 1, torch.randint(2, 30, (n,), generator=g))  # 1: greedy
+    rows = rows_of(
+        torch.rand(n, generator=g) + 0.3,
+        top_ks,
+        torch.rand(n, generator=g) * 0.5 + 0.5,
+        torch.rand(n, generator=g) * 0.1,
+        torch.randint(0, 2**62, (n,), generator=g),
+    )
+    positions = torch.randint(0, 5000, (n,), generator=g)
+    whole = sample_target_tokens(logits, rows, positions, max_rows=n)
+    assert torch.equal(sample_target_tokens(logits, rows, positions, max_rows=max_rows), whole)
+
+
+def test_rows_per_draw(monkeypatch):
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    assert rows_per_draw(151936) == 73  # 1024 MB / (96 B x 151,936)
+    assert rows_per_draw(151936, 64) == 4
+    assert rows_per_draw(10**9, 1) == 1
+    monkeypatch.setenv(MEMORY_ENV, "2048")
+    assert rows_per_draw(151936) == 147
+    with pytest.raises(ValueError, match="must be positive"):
+        rows_per_draw(100, 0)
 
 
 def test_each_filter_of_a_combination_binds():
