@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean gpu-check
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ lint: $(VENV)/.deps
 test: BUILD_CUDA = 1
 test: install lint
 	$(CPU_ENV) $(EXT_ENV) $(PY) -m pytest  # EXT_ENV: the tests check the extension was built
+
+# On a GPU machine with PyTorch and nvcc, no SGLang needed (README, "Checking the GPU path").
+gpu-check:
+	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so
