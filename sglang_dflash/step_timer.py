@@ -8,7 +8,8 @@ scheduler process; each step then appends one JSON line to `<path>`:
      "phases": {"draft": 2.1, "verify": 3.4, "accept": 0.2, "inject": 0.9}, "io_ms": 0.02}
 
 `counts` (when any) are events counted in the step: `target_attention_plans`, how many times the
-target's attention backend planned (`init_forward_metadata`; one forward, one plan).
+target's attention backend planned (`init_forward_metadata`, or on a CUDA-graph replay
+`init_forward_metadata_out_graph`; a plan that calls the other counts once).
 `width` is the step's verify width (decode steps; 1 = no draft) and `probe` whether the width
 policy chose it to measure it rather than as the best (`width_policy.py`). `t_start` / `t_end` are
 `time.perf_counter()` seconds at the first phase's start and the last phase's end; `phases` are
@@ -55,6 +56,7 @@ class StepTimer:
         self._t_end: Optional[float] = None
         self._io_ms = 0.0
         self._counts: dict[str, int] = {}
+        self._inside: set[str] = set()  # names of the counted calls running now
 
     @classmethod
     def from_env(cls, device=None) -> "StepTimer":
@@ -80,13 +82,20 @@ class StepTimer:
             self._phases[name] = self._phases.get(name, 0.0) + (end - start) * 1e3
 
     def counted(self, fn: Callable, name: str) -> Callable:
-        """`fn`, counting its calls under `name` in each step's record (`fn` itself when off)."""
+        """`fn`, counting its calls under `name` in each step's record (`fn` itself when off).
+        Calls made inside another counted call of the same name count once."""
         if not self.enabled:
             return fn
 
         def wrapper(*args, **kwargs):
+            if name in self._inside:
+                return fn(*args, **kwargs)
             self._counts[name] = self._counts.get(name, 0) + 1
-            return fn(*args, **kwargs)
+            self._inside.add(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._inside.discard(name)
 
         return wrapper
 

@@ -271,11 +271,12 @@ class DFlashWorker(BaseSpecWorker):
     def init_cuda_graphs(self):
         """SGLang's last start-up hook, after the target's attention backends and graphs: warm
         the draft step up, and with step timing on, count the target's attention plans."""
-        if self.timer.enabled:  # the target's eager plans per step, in the step records
+        if self.timer.enabled:  # the target's attention plans per step, in the step records
             backend = self.model_runner.attn_backend
-            backend.init_forward_metadata = self.timer.counted(
-                backend.init_forward_metadata, "target_attention_plans"
-            )
+            for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):  # eager, graphed
+                if hasattr(backend, method):
+                    counted = self.timer.counted(getattr(backend, method), "target_attention_plans")
+                    setattr(backend, method, counted)
         self._warm_up()
 
     @torch.no_grad()

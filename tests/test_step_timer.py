@@ -84,6 +84,40 @@ def test_records_phases_steps_and_syncs(clock, tmp_path):
     assert second["t_start"] == pytest.approx(100.0415)
 
 
+def test_counted_calls_are_in_the_step_record_and_nested_ones_count_once(clock, tmp_path):
+    """As the worker counts the target's plans: SGLang's default `init_forward_metadata` calls
+    `init_forward_metadata_out_graph`, and both are wrapped; a graph replay calls the second alone."""
+    path = tmp_path / "steps.jsonl"
+    timer = StepTimer(str(path), "cpu")
+    timer._sync = clock.sync
+
+    class Backend:
+        def init_forward_metadata(self, batch):
+            self.init_forward_metadata_out_graph(batch)
+
+        def init_forward_metadata_out_graph(self, batch):
+            pass
+
+    backend = Backend()
+    for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):
+        setattr(backend, method, timer.counted(getattr(backend, method), "plans"))
+    with timer.phase("verify"):
+        backend.init_forward_metadata(None)  # eager: one plan
+    timer.end_step(1)
+    with timer.phase("verify"):
+        backend.init_forward_metadata_out_graph(None)  # graph replay: one plan
+        backend.init_forward_metadata(None)  # and a second plan in the same step
+    timer.end_step(1)
+    with timer.phase("verify"):
+        pass
+    timer.end_step(1)
+    timer.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r.get("counts") for r in records] == [{"plans": 1}, {"plans": 2}, None]
+    off = StepTimer(None)
+    assert off.counted(backend.init_forward_metadata, "plans") is backend.init_forward_metadata
+
+
 def test_a_phase_that_raises_still_counts(clock, tmp_path):
     timer = StepTimer(str(tmp_path / "s.jsonl"), "cpu")
     with pytest.raises(RuntimeError):
