@@ -126,6 +126,21 @@ def _reference_block(ref, features: torch.Tensor, noise: torch.Tensor, start: in
 
 
 @torch.no_grad()
+def _garbage_store(config: DFlashDraftConfig, gen: torch.Generator) -> DraftKVStore:
+    """A float32 store of NUM_SLOTS slots holding large random values."""
+    store = DraftKVStore(
+        num_slots=NUM_SLOTS,
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    store.k.normal_(0, 100, generator=gen)
+    store.v.normal_(0, 100, generator=gen)
+    return store
+
+
 def _serving_block(
     model: DFlashDraftModel,
     features: list[torch.Tensor],
@@ -145,16 +160,7 @@ def _serving_block(
     config = model.config
     bs, b, _ = noise.shape
     gen = torch.Generator().manual_seed(seed)
-    store = DraftKVStore(
-        num_slots=NUM_SLOTS,
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    store.k.normal_(0, 100, generator=gen)
-    store.v.normal_(0, 100, generator=gen)
+    store = _garbage_store(config, gen)
 
     lens = torch.tensor([f.shape[0] for f in features])
     free = 1 + torch.randperm(NUM_SLOTS - 1, generator=gen)  # never the sink slot 0
@@ -282,16 +288,7 @@ def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
 
     model = _load_ours(checkpoints[name])
     config = model.config
-    store = DraftKVStore(
-        num_slots=NUM_SLOTS,
-        num_layers=config.num_hidden_layers,
-        num_kv_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    store.k.normal_()
-    store.v.normal_()
+    store = _garbage_store(config, torch.Generator().manual_seed(0))
     before_k, before_v = store.k.clone(), store.v.clone()
     embedding = torch.nn.Embedding(VOCAB, HIDDEN)
     argmaxes = []
