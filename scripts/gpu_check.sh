@@ -5,12 +5,13 @@
 #   make gpu-check [BUNDLE=.gpu-bundle/wheels]
 #
 # BUNDLE: FlashInfer's wheels from `python scripts/gpu_bundle.py` (run where pip works), installed
-# here when `import flashinfer` fails. GPU_TESTS: the test files holding `pytest.mark.gpu` tests
-# (tests/test_install.py checks the list); they import without SGLang.
+# into .gpu-bundle/site (or GPU_SITE) when `import flashinfer` fails. GPU_TESTS: the test files
+# holding `pytest.mark.gpu` tests (tests/test_gpu_kit.py checks the list); they import without
+# SGLang.
 set -euo pipefail
 PY=${PYTHON:-python3}
 BUNDLE=${BUNDLE:-.gpu-bundle/wheels}
-SITE=${GPU_SITE:-/tmp/sglang-dflash-gpu-site}
+SITE=${GPU_SITE:-$PWD/.gpu-bundle/site}  # git-ignored
 GPU_TESTS="tests/test_flashinfer_attention.py tests/test_ops.py tests/test_sampling.py"
 
 if ! $PY -c "import flashinfer" 2>/dev/null; then
