@@ -129,26 +129,21 @@ class SamplingRows:
 
         E.g., top_ks [5, 1], width 3 -> [5, 5, 5, 1, 1, 1].
         """
-        seeds = None if self.seeds is None else self.seeds.repeat_interleave(width)
-        return replace(
-            self,
-            temperatures=self.temperatures.reshape(-1).repeat_interleave(width),
-            top_ks=self.top_ks.repeat_interleave(width),
-            top_ps=self.top_ps.repeat_interleave(width),
-            min_ps=self.min_ps.repeat_interleave(width),
-            seeds=seeds,
-        )
+        return self._per_row(lambda t: t.repeat_interleave(width))
 
     def rows(self, start: int, end: int) -> "SamplingRows":
         """Rows start..end-1."""
-        seeds = None if self.seeds is None else self.seeds[start:end]
+        return self._per_row(lambda t: t[start:end])
+
+    def _per_row(self, fn) -> "SamplingRows":
+        """`fn` applied to every per-row tensor (each [n]; `need_filter` stays)."""
         return replace(
             self,
-            temperatures=self.temperatures.reshape(-1)[start:end],
-            top_ks=self.top_ks[start:end],
-            top_ps=self.top_ps[start:end],
-            min_ps=self.min_ps[start:end],
-            seeds=seeds,
+            temperatures=fn(self.temperatures.reshape(-1)),
+            top_ks=fn(self.top_ks),
+            top_ps=fn(self.top_ps),
+            min_ps=fn(self.min_ps),
+            seeds=None if self.seeds is None else fn(self.seeds),
         )
 
 

@@ -125,9 +125,9 @@ class Verifier:
             return (*greedy_verify(candidates, predict), logits)
         rows = SamplingRows.from_sampling_info(info)
         seeded_positions = positions if rows.seeds is not None else None
-        logits_3d = logits.view(bs, width, -1)
-        max_rows = self.max_sample_rows
-        verified = sampled_verify(candidates, logits_3d, rows, seeded_positions, max_rows=max_rows)
+        verified = sampled_verify(
+            candidates, logits.view(bs, width, -1), rows, seeded_positions, max_rows=self.max_sample_rows
+        )
         return (*verified, logits)
 
     def _adjust(self, batch, candidates, logits, grammar_mask, penalized) -> torch.Tensor:
