@@ -570,6 +570,18 @@ def test_chunked_draws_equal_whole_ones_for_seeded_and_greedy_rows(max_rows):
     assert torch.equal(sample_target_tokens(logits, rows, positions, max_rows=max_rows), whole)
 
 
+def test_draws_never_take_more_than_max_rows_at_once(monkeypatch):
+    """The memory bound itself: no single draw sees more than max_rows rows (without chunks, one
+    draw takes all 64)."""
+    seen = []
+    draw = sampling._draw
+    monkeypatch.setattr(sampling, "_draw", lambda logits, *a: seen.append(len(logits)) or draw(logits, *a))
+    n = 64
+    rows = rows_of([0.9] * n, [TOP_K_ALL] * n, [1.0] * n, [0.0] * n)
+    sample_target_tokens(torch.randn(n, 50), rows, max_rows=24)
+    assert seen == [24, 24, 16]
+
+
 def test_rows_per_draw(monkeypatch):
     monkeypatch.delenv(MEMORY_ENV, raising=False)
     assert rows_per_draw(151936) == 73  # 1024 MB / (96 B x 151,936)
