@@ -321,11 +321,26 @@ def test_fake_implementation_checks_shapes():
 # ------------------------------------------------------------------------ the selector
 
 
-def test_selector_picks_the_reference_on_cpu_and_says_why(caplog):
-    model = make_model()
-    store = make_store(model, 16)
+def test_selector_picks_the_fused_maths_in_pytorch_on_cpu_and_says_why(caplog):
+    model = make_model(bias=True)
+    store = make_store(model, 40)
     with caplog.at_level(logging.INFO, logger="sglang_dflash.ops"):
-        assert ops.choose_inject_context_kv(model, store) == "reference"
+        assert ops.choose_inject_context_kv(model, store) == "fused-torch"
+    assert "the fused op's maths in PyTorch (the draft KV store is on cpu" in caplog.text
+    x, positions, slots = make_inputs(model, 9, 40)
+    slots[:2] = 0  # rows to drop go to the sink slot
+    ops.inject_context_kv(model, store, x, positions, slots)
+    ref = run_inject(reference.inject_context_kv, model, x, positions, slots, 40)
+    assert_close_to_reference(store.k[:, 1:], ref.k[:, 1:], torch.float32)
+    assert_close_to_reference(store.v[:, 1:], ref.v[:, 1:], torch.float32)
+    assert (store.k[:, slots[2:]] != 0).all()
+
+
+def test_selector_picks_the_module_reference_when_the_draft_cannot_be_fused(caplog):
+    model = make_model()
+    model.layers[1].self_attn.k_norm.eps = 1e-5  # differs from layer 0's: not one fused epilogue
+    with caplog.at_level(logging.INFO, logger="sglang_dflash.ops"):
+        assert ops.choose_inject_context_kv(model, make_store(model, 16)) == "reference"
     assert "PyTorch reference (the draft KV store is on cpu)" in caplog.text
 
 

@@ -5,8 +5,10 @@ test oracle and the path used where no faster implementation applies.
 process), logs the choice with the reason, and then always calls that one: an error in the
 chosen implementation propagates; nothing falls back at run time.
 
-SGLANG_DFLASH_OPS: `auto` (default: the CUDA op where it applies, else the reference),
-`reference` (always the reference), `cuda` (the CUDA op, or an error saying why not).
+SGLANG_DFLASH_OPS: `auto` (default: the CUDA op where it applies; else the fused op's maths in
+PyTorch, `reference.fused_inject_reference` on the op's stacked weights, where the draft can be
+fused; else the module-by-module reference), `reference` (always the module-by-module
+reference), `cuda` (the CUDA op, or an error saying why not).
 """
 
 from __future__ import annotations
@@ -74,6 +76,23 @@ def forget(model: DFlashDraftModel) -> None:
     _cuda.forget_weights(model)
 
 
+def _fused_torch(
+    model: DFlashDraftModel,
+    store: DraftKVStore,
+    target_features: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """The fused op's maths in PyTorch, on its stacked weights: two GEMMs for every layer's K/V
+    instead of the module reference's projections layer by layer (0.29 against 0.59 ms for 16
+    tokens of the shipped pair on one CPU core)."""
+    from sglang_dflash.ops import _cuda
+
+    weights = _cuda.fused_weights(model)
+    features = target_features.to(weights.fc_weight.dtype)
+    reference.fused_inject_reference(features, positions, slots, *weights.op_args(), store.k, store.v)
+
+
 def _choose(model: DFlashDraftModel, store: DraftKVStore) -> tuple[str, InjectFn]:
     from sglang_dflash.ops import _cuda
 
@@ -90,6 +109,14 @@ def _choose(model: DFlashDraftModel, store: DraftKVStore) -> tuple[str, InjectFn
         chosen: tuple[str, InjectFn] = ("cuda", _cuda.inject_context_kv)
     elif mode == "cuda":
         raise RuntimeError(f"{ENV}=cuda, but the fused CUDA op cannot run: {reason}")
+    elif mode == "auto" and reference.fusion_unsupported_reason(model) is None:
+        weights = _cuda.fused_weights(model)
+        logger.info(
+            "DFLASH context-KV injection: the fused op's maths in PyTorch (%s; stacked K/V weight %.1f MB)",
+            reason,
+            weights.kv_weight.numel() * weights.kv_weight.element_size() / 2**20,
+        )
+        chosen = ("fused-torch", _fused_torch)
     else:
         # On a CUDA store the reference is a real slowdown: say so louder.
         log = logger.warning if store.k.device.type == "cuda" and mode == "auto" else logger.info
