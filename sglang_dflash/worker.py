@@ -353,6 +353,7 @@ class DFlashWorker(BaseSpecWorker):
             if on_publish is not None:
                 on_publish(result.new_seq_lens)
             logits_output = result.logits_output
+        with self.timer.phase("inject"):
             # The injection must land in this step: the scheduler may insert these tokens into
             # the radix cache as soon as the step returns.
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
