@@ -10,6 +10,11 @@ SGLang's built-in worker, GPU only) and runs the same sweep against each:
 
     python scripts/load_test.py --compare --target T --draft D --concurrency 1,4,16 --duration 60
 
+With `--rounds R` the servers run side by side instead: all start first, and each level is
+measured R times per server, the servers taking turns (the order reversed every other round,
+the idle ones paused), so that a machine whose speed drifts during the run favours none of them.
+Each level then pools its R rounds, and the per-round throughputs are kept in results.json.
+
 Without --target the launch modes serve the tiny trained pair shipped in the package (a code
 model: use `--dataset code`, its held-out prompts; on other text its acceptance is low). Per
 level it reports TTFT, TPOT and per-token ITL (mean/p50/p90/p99), output tokens/s, requests/s,
@@ -22,6 +27,7 @@ simulated everywhere and are never real speedups.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import random
@@ -77,6 +83,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     load.add_argument("--num-requests", type=int, default=64, help="measured requests per level")
     load.add_argument("--duration", type=float, help="seconds per level instead of --num-requests")
     load.add_argument("--warmup", type=int, default=-1, help="warm-up requests per level (-1: = concurrency)")
+    load.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure each level R times per server, the servers taking turns",
+    )
     load.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     load.add_argument("--no-flush-cache", action="store_true", help="keep the radix cache between levels")
 
@@ -106,6 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give either --url or --configs/--compare")
     if args.configs and any(c not in server.CONFIGS for c in args.configs.split(",")):
         p.error(f"--configs: choose from {', '.join(server.CONFIGS)}")
+    if args.rounds < 1 or (args.rounds > 1 and args.url):
+        p.error("--rounds: R >= 1, and above 1 only for the servers this script starts (--configs/--compare)")
     return args
 
 
@@ -164,21 +178,56 @@ def server_kind(url: str) -> str:
     return "dflash" if impl.startswith("sglang-dflash") else "dflash-builtin"
 
 
+def level_spec(args, concurrency: int) -> runner.LevelSpec:
+    return runner.LevelSpec(
+        concurrency=concurrency,
+        num_requests=None if args.duration else args.num_requests,
+        duration=args.duration,
+        warmup=concurrency if args.warmup < 0 else args.warmup,
+        timeout=args.timeout,
+        flush_cache=not args.no_flush_cache,
+        progress=not args.no_progress,
+    )
+
+
 def sweep(args, url: str, name: str, prompts: list) -> dict:
     make_payload = payload_fn(args, url, prompts)
-    levels = []
-    for concurrency in args.concurrency:
-        spec = runner.LevelSpec(
-            concurrency=concurrency,
-            num_requests=None if args.duration else args.num_requests,
-            duration=args.duration,
-            warmup=concurrency if args.warmup < 0 else args.warmup,
-            timeout=args.timeout,
-            flush_cache=not args.no_flush_cache,
-            progress=not args.no_progress,
-        )
-        levels.append(runner.run_level(url, args.endpoint, make_payload, spec))
+    levels = [
+        runner.run_level(url, args.endpoint, make_payload, level_spec(args, c)) for c in args.concurrency
+    ]
     return {"server": name, "url": url, "endpoint": args.endpoint, "levels": levels}
+
+
+def sweep_in_turns(args, procs: dict, prompts: list) -> list:
+    """Every level on every server (name -> running `ServerProcess`), `args.rounds` rounds each,
+    the servers taking turns: round r runs them in order, round r+1 in reverse, each resumed for
+    its turn and paused after it."""
+    payloads = {name: payload_fn(args, proc.url, prompts) for name, proc in procs.items()}
+    levels: dict = {name: [] for name in procs}
+    for proc in procs.values():
+        proc.pause()
+    for concurrency in args.concurrency:
+        turn = {
+            name: runner.Level(procs[name].url, args.endpoint, payloads[name], level_spec(args, concurrency))
+            for name in procs
+        }
+        for r in range(args.rounds):
+            for name in list(procs) if r % 2 == 0 else list(procs)[::-1]:
+                procs[name].resume()
+                if r == 0:
+                    turn[name].warm_up()
+                turn[name].measure()
+                procs[name].pause()
+        for name in procs:
+            procs[name].resume()
+            levels[name].append(turn[name].result())
+            procs[name].pause()
+    for proc in procs.values():
+        proc.resume()
+    return [
+        {"server": name, "url": procs[name].url, "endpoint": args.endpoint, "levels": levels[name]}
+        for name in procs
+    ]
 
 
 def launch_and_sweep(args, prompts: list, out_dir: str, env: dict) -> tuple:
@@ -187,7 +236,7 @@ def launch_and_sweep(args, prompts: list, out_dir: str, env: dict) -> tuple:
     else:
         target, draft = server.default_models()
     device = server.detect_device() if args.device == "auto" else args.device
-    runs, skipped = [], []
+    runs, skipped, configs = [], [], []
     for name in args.configs.split(","):
         config = server.ServerConfig(
             name, target, draft, args.num_draft_tokens, device, shlex.split(args.server_args), env
@@ -196,10 +245,21 @@ def launch_and_sweep(args, prompts: list, out_dir: str, env: dict) -> tuple:
         if reason:
             print(f"== {name}: {reason}", flush=True)
             skipped.append({"server": name, "reason": reason})
-            continue
-        print(f"== {name}: starting the server ({device}) ...", flush=True)
-        with server.ServerProcess(config, os.path.join(out_dir, f"server-{name}.log")) as proc:
-            runs.append(sweep(args, proc.url, name, prompts))
+        else:
+            configs.append(config)
+    if args.rounds > 1:
+        with contextlib.ExitStack() as stack:
+            procs = {}
+            for config in configs:
+                print(f"== {config.name}: starting the server ({device}) ...", flush=True)
+                log = os.path.join(out_dir, f"server-{config.name}.log")
+                procs[config.name] = stack.enter_context(server.ServerProcess(config, log))
+                procs[config.name].pause()  # (idle, it would poll on a core while the next starts)
+            return sweep_in_turns(args, procs, prompts), skipped
+    for config in configs:
+        print(f"== {config.name}: starting the server ({device}) ...", flush=True)
+        with server.ServerProcess(config, os.path.join(out_dir, f"server-{config.name}.log")) as proc:
+            runs.append(sweep(args, proc.url, config.name, prompts))
     return runs, skipped
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scripts import load_test
-from scripts.benchlib import client, prompts, report, server, stats
+from scripts.benchlib import client, prompts, report, runner, server, stats
 
 # ------------------------------------------------------------------------------ statistics
 
@@ -91,6 +91,78 @@ def test_aggregate_counts_and_throughput():
     assert agg["output_tokens"] == 10
     assert agg["output_throughput"] == 5.0 and agg["request_throughput"] == 1.0
     assert agg["e2e_ms"]["max"] == pytest.approx(1500.0)
+
+
+def test_a_level_in_rounds_pools_their_requests_over_their_windows(monkeypatch):
+    """Two rounds: 10 tokens in 2 s, then 30 in 1 s -> 40 tokens over 3 s, rounds 5 and 30."""
+    batches = iter(
+        [
+            [_request(0, tokens=4, start=10.0, end=11.0), _request(1, tokens=6, start=10.5, end=12.0)],
+            [_request(0, tokens=30, start=20.0, end=21.0)],
+        ]
+    )
+
+    async def closed_loop(*args):
+        return next(batches)
+
+    monkeypatch.setattr(runner, "_closed_loop", closed_loop)
+    for name in ("flush_cache", "prometheus_samples"):
+        monkeypatch.setattr(server, name, lambda url: None)
+    monkeypatch.setattr(runner, "_server_accept_length", lambda url: None)
+    level = runner.Level("http://x", "generate", None, runner.LevelSpec(concurrency=2, progress=False))
+    level.measure()
+    level.measure()
+    result = level.result()
+    assert result["summary"]["output_tokens"] == 40 and result["summary"]["duration_s"] == 3.0
+    assert result["summary"]["output_throughput"] == pytest.approx(40 / 3)
+    assert result["round_output_throughput"] == [5.0, 30.0]
+    assert [(r["index"], r["round"]) for r in result["requests"]] == [(0, 0), (1, 0), (0, 1)]
+
+
+def test_servers_take_turns_one_at_a_time(monkeypatch):
+    """`--rounds 3` over two servers: each level warms each server once, then measures them in
+    turn, in order and reversed every other round; only the server measured runs."""
+    events, running = [], set()
+
+    class Proc:
+        def __init__(self, name):
+            self.name, self.url = name, f"http://{name}"
+
+        def pause(self):
+            running.discard(self.name)
+
+        def resume(self):
+            running.add(self.name)
+
+    class Level:
+        def __init__(self, url, endpoint, payload, spec):
+            self.name, self.spec = url.removeprefix("http://"), spec
+
+        def warm_up(self):
+            events.append(("warm", self.name, self.spec.concurrency))
+
+        def measure(self):
+            assert running == {self.name}
+            events.append(("measure", self.name, self.spec.concurrency))
+
+        def result(self):
+            return {"concurrency": self.spec.concurrency}
+
+    monkeypatch.setattr(runner, "Level", Level)
+    monkeypatch.setattr(load_test, "payload_fn", lambda args, url, prompts: None)
+    args = load_test.parse_args(["--configs", "baseline,dflash", "--rounds", "3", "--concurrency", "1,4"])
+    runs = load_test.sweep_in_turns(args, {"baseline": Proc("baseline"), "dflash": Proc("dflash")}, [])
+    assert running == {"baseline", "dflash"}  # all resumed at the end, for shutdown
+    assert [r["server"] for r in runs] == ["baseline", "dflash"]
+    assert all([lvl["concurrency"] for lvl in r["levels"]] == [1, 4] for r in runs)
+    order = ["baseline", "dflash", "dflash", "baseline", "baseline", "dflash"]
+    for c in (1, 4):
+        level_events = [e[:2] for e in events if e[2] == c]
+        assert level_events == [("warm", "baseline"), ("measure", "baseline"), ("warm", "dflash")] + [
+            ("measure", name) for name in order[1:]
+        ]
+    with pytest.raises(SystemExit):
+        load_test.parse_args(["--url", "http://x", "--rounds", "2"])
 
 
 def test_dflash_window_hand_oracle():

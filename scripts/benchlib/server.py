@@ -147,7 +147,18 @@ class ServerProcess:
         if ours != (self.config.name != "dflash-builtin"):
             raise RuntimeError(f"{self.config.name}: DFLASH is served by {impl or 'SGLang built-in'}")
 
+    def pause(self) -> None:
+        """Stop every process of the server (SIGSTOP to its group): an idle SGLang scheduler
+        polls on a whole core, which would slow the server measured beside it."""
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()  # a paused server cannot handle SIGINT
         if self.alive():
             os.killpg(self.process.pid, signal.SIGINT)
             try:
