@@ -290,6 +290,7 @@ def resolve_spec_tokens_hook(original, self, result, batch):
     if width_policy is not None and width:
         accepted = result.num_correct_drafts_per_req_cpu
         kept = [n for n, keep in zip(accepted, live) if keep]
-        width_policy.observe_acceptance(kept, width)
+        rids = [req.rid for req, keep in zip(batch.reqs, live) if keep]
+        width_policy.observe_acceptance(kept, width, rids)
         width_policy.observe_processed(len(accepted) + sum(accepted))
     return out

@@ -29,6 +29,15 @@ For a step with `bs` requests it picks, among W = 1 .. B (`--speculative-num-dra
   (`WidthPolicy.step_seconds`).
 * Margins against the noise of both estimates: a narrower draft width must beat the full
   width by 3%, and a draft width must beat no draft by 5%.
+* No request pays for its neighbours' drafts. One width serves the whole batch, and a request
+  whose drafts are rarely accepted commits about one token a step whatever the width, so a
+  wide step that pays for the batch makes that request slower than no draft at all (on the
+  CPU at bs 16: a 38 ms step instead of a 13 ms one, for 1.1 tokens). Each request's own
+  acceptance rate is followed (`RequestAcceptance`), and a draft width is ruled out when it
+  would make the batch's least-accepted request commit its tokens more than `fair_slack` (5%)
+  slower than without the draft: `E_worst[commit | W] / T(bs, W) >= 1 / (T(bs, 1) (1 + slack))`.
+  In fixed-length waves the slowest request sets the makespan, and without this rule it was
+  the request a wide window slowed (`SGLANG_DFLASH_FAIR_SLACK=off` switches it off).
 
 Both estimates forget the past exponentially, so they follow a changing load. Widths the policy
 stops choosing would never be measured again, so every `probe_every` steps (every 4th step in
@@ -37,6 +46,9 @@ turn: no draft, the full width (which refreshes every position's acceptance), no
 narrowest draft. Until the cost model has seen steps with and without the draft, and two draft
 widths, every step is a probe. And when the load reaches a batch size with no recent
 measurement of no draft, or of the full width, within a factor 1.5, the next step measures it.
+When every draft width is far from paying (below 80% of no draft's rate, or ruled out for a
+request's sake), probes are 4 times rarer: a probe at the full width costs several steps
+without the draft, and the poorly drafted requests pay for it.
 
 All of it is host arithmetic on a handful of floats: no device work and no sync.
 """
@@ -57,7 +69,10 @@ SPIKE_FACTOR = 1.25  # a new interval counts as at most this many times its curr
 EARLY_PROBE_EVERY = 4  # probe spacing in the policy's first `early_steps` steps
 NEAR = 1.5  # batch sizes within this factor of each other count as near
 DRAFT_MARGIN = 1.05  # a draft width is chosen only if it promises this much more than none
+FAR_BELOW = 0.8  # when every draft width promises less than this share of no draft's rate ...
+FAR_PROBE_FACTOR = 4  # ... probes are this many times rarer
 NARROW_MARGIN = 1.03  # a narrower draft width only if it promises this much more than the full
+FAIR_SLACK = 0.05  # a draft width may make a request's tokens at most this much slower than none
 
 
 def expected_commit(rates: Sequence[float]) -> np.ndarray:
@@ -139,6 +154,73 @@ class AcceptanceEstimate:
         w = self.prior_weight
         return (self.accepted + self.prior * w) / (self.reached + w)
 
+    def pooled_rate(self) -> float:
+        """The share of all proposals accepted, every position alike."""
+        w = self.prior_weight
+        return float((self.accepted.sum() + self.prior * w) / (self.reached.sum() + w))
+
+
+class RequestAcceptance:
+    """Each running request's own acceptance rate: the share of its proposals that were
+    accepted, every position alike.
+
+    A request-step that verified width W and accepted n drafts tried positions 1..min(n+1, W-1)
+    and accepted n of them. A request's rate is (accepted + m * prior) / (tried + m): the prior
+    holds a new request at an assumed rate until m proposals of its own say otherwise. Counts
+    decay by `decay` per step of the request, so a request whose text turns predictable (or
+    not) is followed; requests unseen for `idle_steps` steps are dropped.
+
+    The prior is the rate a batch's worst newcomer can be expected to have: among the recent
+    requests with evidence of their own, the 1 / (bs + 1) quantile of their rates (the expected
+    least of bs draws), and the batch's rate while fewer than `min_known` are known. A wave of
+    16 new requests is then not taken for 16 average ones, one of which would pay for a wide
+    first step; a request alone is taken for a median one.
+
+    E.g., width 4, accepted [0, 3] -> tried [1, 3], accepted [0, 3]; at prior 0.5 and m 1,
+    rates 0.25 and 0.875.
+    """
+
+    def __init__(
+        self,
+        prior_weight: float = 4.0,
+        decay: float = 0.97,
+        idle_steps: int = RECENT_STEPS,
+        min_known: int = 8,
+    ):
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.idle_steps = idle_steps
+        self.min_known = min_known
+        self.counts: dict[str, tuple[float, float, int]] = {}  # rid -> (accepted, tried, step)
+
+    def observe(self, rids: Sequence[str], num_accepted: Sequence[int], width: int, step: int) -> None:
+        """One verify step of the requests `rids` at width `width`."""
+        if width <= 1 or len(rids) == 0:
+            return
+        accepted = np.minimum(np.asarray(num_accepted, dtype=np.int64), width - 1)
+        tried = np.minimum(accepted + 1, width - 1)
+        for rid, n, k in zip(rids, accepted.tolist(), tried.tolist()):
+            old_accepted, old_tried, _ = self.counts.get(rid, (0.0, 0.0, step))
+            self.counts[rid] = (self.decay * old_accepted + n, self.decay * old_tried + k, step)
+        if step % self.idle_steps == 0:
+            self.counts = {r: c for r, c in self.counts.items() if step - c[2] < self.idle_steps}
+
+    def rate(self, rid: str, prior: float) -> float:
+        accepted, tried, _ = self.counts.get(rid, (0.0, 0.0, 0))
+        return (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
+
+    def prior(self, bs: int, batch_rate: float) -> float:
+        """The assumed rate of a request without evidence in a batch of `bs` (see above)."""
+        known = [a / t for a, t, _ in self.counts.values() if t >= self.prior_weight]
+        if len(known) < self.min_known:
+            return batch_rate
+        return float(np.quantile(known, 1.0 / (bs + 1)))
+
+    def worst(self, rids: Sequence[str], batch_rate: float) -> float:
+        """The lowest rate among `rids` (`batch_rate` for none)."""
+        prior = self.prior(len(rids), batch_rate)
+        return min((self.rate(rid, prior) for rid in rids), default=batch_rate)
+
 
 class StepCostModel:
     """Least squares of the step interval on `step_features`, with exponential forgetting.
@@ -158,6 +240,7 @@ class StepCostModel:
         self.xty = np.zeros(self.NUM_FEATURES)
         self.coef: Optional[np.ndarray] = None
         self.seen_widths: dict[int, float] = {}  # width -> decayed sample count
+        self._was_ready = False
 
     def observe(self, bs: int, width: int, seconds: float, context: float = 0.0, processed: float = 0.0):
         x = step_features(bs, np.array([width]), context, processed)[0]
@@ -171,9 +254,14 @@ class StepCostModel:
     @property
     def ready(self) -> bool:
         """Enough evidence to tell the draft's cost from the verify's: steps without the draft,
-        and steps at two different draft widths (each width seen at least twice, recently)."""
-        seen = [w for w, n in self.seen_widths.items() if n >= 2.0]
-        return 1 in seen and len([w for w in seen if w > 1]) >= self.draft_widths_needed
+        and steps at two different draft widths (each width seen at least twice, recently; once
+        ready, a width stays counted while seen once in about the last 280 steps, so that the
+        rare probes of a load where drafting does not pay keep the model ready)."""
+        need = 0.25 if self._was_ready else 2.0
+        seen = [w for w, n in self.seen_widths.items() if n >= need]
+        ready = 1 in seen and len([w for w in seen if w > 1]) >= self.draft_widths_needed
+        self._was_ready |= ready
+        return ready
 
     def predict(self, bs: int, widths: np.ndarray, context: float = 0.0, processed=0.0) -> np.ndarray:
         """Predicted step seconds for `bs` requests holding `context` tokens, at each width,
@@ -197,10 +285,15 @@ class WidthPolicy:
         early_steps: int = 128,
         acceptance: Optional[AcceptanceEstimate] = None,
         cost: Optional[StepCostModel] = None,
+        fair_slack: Optional[float] = FAIR_SLACK,
+        far_probe_factor: int = FAR_PROBE_FACTOR,
     ):
         self.max_width = int(num_draft_tokens)
         self.widths = np.arange(1, self.max_width + 1)
         self.acceptance = acceptance or AcceptanceEstimate(self.max_width)
+        self.requests = RequestAcceptance()
+        self.fair_slack = fair_slack  # None: the batch's throughput alone decides
+        self.far_probe_factor = far_probe_factor
         self.cost = cost or StepCostModel(draft_widths_needed=min(2, self.max_width - 1))
         self.probe_every = probe_every
         self.early_steps = early_steps
@@ -209,19 +302,25 @@ class WidthPolicy:
         self.steps = 0
         self.probing = False  # whether the last choice was a probe
         self._probes = 0
+        self._far = False  # whether the last choice found every draft width far from paying
         # Result tokens of the last step the scheduler handled (`observe_processed`).
         self.processed = 0
         # (bs, width) -> (moving averages of its recent step intervals, of their contexts and
         # of their result tokens, step of the last one)
         self.recent: dict[tuple[int, int], tuple[float, float, float, int]] = {}
 
-    def choose(self, bs: int, context: float = 0.0) -> int:
-        """The verify width for the next decode step of `bs` requests holding `context`
-        committed tokens in all."""
+    def choose(self, bs: int, context: float = 0.0, rids: Sequence[str] = ()) -> int:
+        """The verify width for the next decode step of `bs` requests (`rids`, when known)
+        holding `context` committed tokens in all."""
         self.steps += 1
         if self.max_width == 1:
             return 1
         every = EARLY_PROBE_EVERY if self.steps <= self.early_steps else self.probe_every
+        if self._far and self.steps > self.early_steps:
+            # A probe at a draft width costs several steps without one, and the requests that
+            # accept little pay for it: when drafting is far from paying, probe rarely (the two
+            # ends stay measured, below, within RECENT_STEPS).
+            every *= self.far_probe_factor
         self.probing = not self.cost.ready or self.steps % every == 0
         if self.probing:
             self._probes += 1
@@ -233,7 +332,7 @@ class WidthPolicy:
             if not self._measured_near(bs, width):
                 self.probing = True
                 return width
-        return self.best_width(bs, context)
+        return self.best_width(bs, context, self.requests.worst(rids, self.acceptance.pooled_rate()))
 
     def _measured_near(self, bs: int, width: int) -> bool:
         """Was `width` measured recently at a batch size within a factor NEAR of `bs`?"""
@@ -246,14 +345,24 @@ class WidthPolicy:
                 return True
         return False
 
-    def best_width(self, bs: int, context: float = 0.0) -> int:
+    def best_width(self, bs: int, context: float = 0.0, worst: Optional[float] = None) -> int:
         """The width of highest expected tokens per second, with margins against the noise of
         the estimates (picking whichever width had the luckiest measurement): a narrower draft
         width must beat the full width by `NARROW_MARGIN`, and the chosen draft width must beat
         no draft by `DRAFT_MARGIN`, so near-ties neither waste verified tokens nor run the
-        draft for nothing."""
-        commit = expected_commit(self.acceptance.rates())
-        rate = commit / np.maximum(self.step_seconds(bs, context), 1e-6)
+        draft for nothing.
+
+        No request pays for its neighbours' drafts: a draft width is ruled out when it would
+        make the batch's least-accepted request (`worst`, its `RequestAcceptance` rate) commit
+        its tokens more than `fair_slack` slower than without the draft. E.g., at one step per
+        10 ms without the draft and 20 ms at width 4, a request must expect 2 / (1 + slack)
+        tokens a step at width 4 for it to be chosen."""
+        seconds = np.maximum(self.step_seconds(bs, context), 1e-6)
+        rate = expected_commit(self.acceptance.rates()) / seconds
+        if self.fair_slack is not None and worst is not None:
+            worst_rate = expected_commit(np.full(self.max_width - 1, worst)) / seconds
+            rate[worst_rate * (1.0 + self.fair_slack) < worst_rate[0]] = 0.0
+        self._far = bool(rate[1:].max() < FAR_BELOW * rate[0])
         full = self.max_width - 1
         best = int(np.argmax(rate[1:])) + 1
         if rate[best] <= NARROW_MARGIN * rate[full]:
@@ -320,7 +429,9 @@ class WidthPolicy:
             )
         self.recent[(bs, width)] = (seconds, context, processed, self.steps)  # an older one is replaced
 
-    def observe_acceptance(self, num_accepted: Sequence[int], width: int) -> None:
+    def observe_acceptance(self, num_accepted: Sequence[int], width: int, rids: Sequence[str] = ()) -> None:
+        """A verify step's accepted drafts per request (of `rids`, when known) at width `width`."""
+        self.requests.observe(rids, num_accepted, width, self.steps)
         self.acceptance.observe(num_accepted, width)
 
     def observe_processed(self, tokens: int) -> None:
@@ -329,10 +440,31 @@ class WidthPolicy:
 
 
 ENV_VAR = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
+FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
+
+
+def parse_fair_slack(value: Optional[str]) -> Optional[float]:
+    """`SGLANG_DFLASH_FAIR_SLACK`: unset -> FAIR_SLACK; "off" -> None (the batch's throughput
+    alone decides); else a fraction >= 0."""
+    if value in (None, ""):
+        return FAIR_SLACK
+    if value == "off":
+        return None
+    try:
+        slack = float(value)
+    except ValueError:
+        slack = -1.0
+    if not slack >= 0:
+        raise ValueError(f"{FAIR_SLACK_ENV} must be a fraction >= 0 or off, got {value!r}")
+    return slack
 
 
 def policy_for(
-    num_draft_tokens: int, device_type: str, env: Optional[str], tp_size: int = 1
+    num_draft_tokens: int,
+    device_type: str,
+    env: Optional[str],
+    tp_size: int = 1,
+    fair_slack: Optional[str] = None,
 ) -> tuple[Optional[WidthPolicy], str]:
     """The policy for this server, or None for the fixed width; with the reason, for the log.
 
@@ -341,6 +473,7 @@ def policy_for(
     alone and the decode forward of W = 1 has no graph beside them (docs/adaptive-verify-width.md).
     Under tensor parallelism the width is fixed: each rank's policy times its own steps, and
     ranks that chose different widths would run collectives of different shapes.
+    `fair_slack` is `SGLANG_DFLASH_FAIR_SLACK` (`parse_fair_slack`).
     """
     if env not in (None, "", "0", "1"):
         raise ValueError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
@@ -350,11 +483,16 @@ def policy_for(
         return None, f"fixed at tp_size {tp_size}: each rank would time its steps, and choose, apart"
     if env == "0":
         return None, f"fixed: {ENV_VAR}=0"
+    slack = parse_fair_slack(fair_slack)
+    if slack is None:
+        fairness = f"the batch's throughput alone ({FAIR_SLACK_ENV}=off)"
+    else:
+        fairness = f"no request slowed by more than {slack:.0%}"
     if env == "1":
-        return WidthPolicy(num_draft_tokens), f"adaptive ({ENV_VAR}=1)"
+        return WidthPolicy(num_draft_tokens, fair_slack=slack), f"adaptive ({ENV_VAR}=1; {fairness})"
     if device_type != "cpu":
         return None, (
             f"fixed on {device_type}: verify graphs exist for the full width only "
             f"(set {ENV_VAR}=1 to adapt with eager narrow steps)"
         )
-    return WidthPolicy(num_draft_tokens), "adaptive (CPU default)"
+    return WidthPolicy(num_draft_tokens, fair_slack=slack), f"adaptive (CPU default; {fairness})"

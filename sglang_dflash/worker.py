@@ -57,7 +57,7 @@ from sglang_dflash.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.verifier import Verifier
 from sglang_dflash.verify import forced_acceptance
 from sglang_dflash.width_policy import ENV_VAR as ADAPTIVE_WIDTH_ENV
-from sglang_dflash.width_policy import policy_for
+from sglang_dflash.width_policy import FAIR_SLACK_ENV, policy_for
 
 OFF_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"  # decode | verify: override the start-up choice
 COLD_DECODE_STEPS = 8  # a server's first decode steps, whose intervals the width policy ignores
@@ -182,6 +182,7 @@ class DFlashWorker(BaseSpecWorker):
             torch.device(self.device).type,
             os.environ.get(ADAPTIVE_WIDTH_ENV),
             tp_size=self.tp.size,
+            fair_slack=os.environ.get(FAIR_SLACK_ENV),
         )
         # (start, bs, width, context, measured) of the last decode step; None after an extend or
         # idle step.
@@ -374,7 +375,7 @@ class DFlashWorker(BaseSpecWorker):
         # when the scheduler has them, else upper bounds.
         host_lens, host_lens_exact = planning_lens(batch.seq_lens_cpu, draft_input.nxt_kv_lens_cpu)
         # W: the verify width of this step, 1 <= W <= B.
-        width = self._choose_width(bs, batch.seq_lens_sum or 0)
+        width = self._choose_width(bs, batch.seq_lens_sum or 0, batch.reqs)
         # W = 1 through the target's decode forward (else a verify over the window, `_verify`).
         decoded = width == 1 and self.decode_when_off
 
@@ -482,10 +483,10 @@ class DFlashWorker(BaseSpecWorker):
             return False, "a verify forward over one token (batched CPU verify attention)"
         return True, "the target's decode forward"
 
-    def _choose_width(self, bs: int, context: int) -> int:
-        """This step's verify width for `bs` requests holding `context` committed tokens (a
-        host count), and the interval since the last decode step's start fed to the policy's
-        cost model (host clocks only)."""
+    def _choose_width(self, bs: int, context: int, reqs) -> int:
+        """This step's verify width for the `bs` requests `reqs` holding `context` committed
+        tokens (a host count), and the interval since the last decode step's start fed to the
+        policy's cost model (host clocks only)."""
         now = time.perf_counter()
         if self.test_width1_steps > 0:  # test aid: speculation off for the first N decode steps
             self.test_width1_steps -= 1
@@ -496,7 +497,7 @@ class DFlashWorker(BaseSpecWorker):
             if self._last_decode is not None and self._last_decode[4]:
                 start, last_bs, last_width, last_context, _ = self._last_decode
                 self.width_policy.observe_step(last_bs, last_width, now - start, last_context)
-            width = self.width_policy.choose(bs, context)
+            width = self.width_policy.choose(bs, context, [req.rid for req in reqs])
         # Intervals that are not a step's steady cost are not measured: the server's first
         # decode steps (one-time start-up costs), and the first decode step after an extend
         # (the scheduler also settles the extend's results in it).

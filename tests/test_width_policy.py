@@ -1,10 +1,14 @@
 """The verify-width policy's pure parts, against hand-computed values and simulated workloads."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from sglang_dflash.metrics import resolve_spec_tokens_hook
 from sglang_dflash.width_policy import (
     AcceptanceEstimate,
+    RequestAcceptance,
     StepCostModel,
     WidthPolicy,
     expected_commit,
@@ -78,7 +82,8 @@ def test_cost_model_is_not_ready_without_both_kinds_of_step():
 
 
 class Workload:
-    """A simulated server: per-position acceptance `rate` (every position alike), and a step cost
+    """A simulated server: per-position acceptance `rate` (every position alike; or a list, one
+    rate per request, each request telling the policy its id), and a step cost
     linear in the batch and the verified tokens, with a draft that costs as much as `draft_ms`;
     with `per_kilotoken_ms`, attention over the contexts, which grow by the committed tokens
     from `context` (per request) until they reach `max_context`, then start again (a new wave
@@ -99,6 +104,7 @@ class Workload:
         seed=0,
     ):
         self.rate, self.rng = rate, np.random.default_rng(seed)
+        self.rids = [f"r{i}" for i in range(len(rate))] if isinstance(rate, list) else None
         self.coef = np.array([rest_ms, per_req_ms, draft_ms, draft_ms, per_token_ms, per_kilotoken_ms, 0])
         self.coef *= 1e-3
         self.draft_per_kilotoken = per_kilotoken_ms / 2 * 1e-3  # the draft's attention: not modelled
@@ -115,18 +121,19 @@ class Workload:
         self, policy: WidthPolicy, bs: int, tell_context=True, tell_results=True
     ) -> tuple[int, float, int]:
         context = bs * self.context if tell_context else 0
-        width = policy.choose(bs, context)
+        rates = self.rate if self.rids else [self.rate] * bs
+        width = policy.choose(bs, context, self.rids or ())
         seconds = float(self.cost(bs, [width])[0])
         accepted = []
-        for _ in range(bs):
+        for rate in rates:
             n = 0
-            while n < width - 1 and self.rng.random() < self.rate:
+            while n < width - 1 and self.rng.random() < rate:
                 n += 1
             accepted.append(n)
         if self.last is not None:  # the previous step's results, handled while this one runs
             last_accepted, last_width = self.last
             seconds += self.per_result * (len(last_accepted) + sum(last_accepted))
-            policy.observe_acceptance(last_accepted, last_width)
+            policy.observe_acceptance(last_accepted, last_width, self.rids or ())
             if tell_results:
                 policy.observe_processed(len(last_accepted) + sum(last_accepted))
         self.last = accepted, width
@@ -274,6 +281,141 @@ def test_growing_contexts_do_not_make_an_old_measurement_look_cheap():
         assert rate[0] > 1.1 * rate[1:].max()
     widths = run(WidthPolicy(8), Workload(**workload), bs=32, steps=1500)
     assert widths.count(1) >= 0.9 * len(widths)
-    # Control: without the context in the cost model it speculates on a share of the steps.
-    widths = run(WidthPolicy(8), Workload(**workload), bs=32, steps=1500, tell_context=False)
-    assert widths.count(1) < 0.85 * len(widths)
+
+    # Control: the draft widths measured early in a wave (100 tokens a request), no draft
+    # measured late (600). Told the contexts, the policy carries the old measurements to today's
+    # context; without them, they look cheap and it drafts at a loss.
+    def fed(tell_context: bool) -> WidthPolicy:
+        policy, sim = WidthPolicy(8), Workload(**workload)
+        for context, width in [(100, 8), (100, 2)] * 20 + [(600, 1)] * 20:
+            sim.context = context
+            policy.steps += 1
+            policy.observe_acceptance([int(sim.rng.geometric(0.2)) - 1 for _ in range(32)], 8)
+            policy.observe_step(32, width, float(sim.cost(32, [width])[0]), 32 * context * tell_context)
+        return policy
+
+    assert fed(tell_context=True).best_width(32, 32 * 600) == 1
+    assert fed(tell_context=False).best_width(32, 0) > 1
+
+
+def test_request_acceptance_by_hand():
+    requests = RequestAcceptance(prior_weight=1.0, decay=1.0)
+    # Width 4 proposes positions 1..3: a request that accepted none tried position 1; one that
+    # accepted all 3 tried positions 1..3.
+    requests.observe(["a", "b"], [0, 3], 4, step=1)
+    assert requests.counts["a"][:2] == (0, 1) and requests.counts["b"][:2] == (3, 3)
+    assert requests.rate("a", prior=0.5) == pytest.approx(0.25)
+    assert requests.rate("b", prior=0.5) == pytest.approx(0.875)
+    assert requests.rate("new", prior=0.5) == 0.5  # no evidence: the batch's rate
+    # Too few known requests for a prior of their own: the batch's rate.
+    assert requests.worst(["a", "b", "new"], batch_rate=0.5) == pytest.approx(0.25)
+    assert requests.worst([], batch_rate=0.5) == 0.5
+    requests.observe(["a"], [0], 1, step=2)  # width 1: no evidence
+    assert requests.rate("a", prior=0.5) == pytest.approx(0.25)
+
+
+def test_a_newcomer_is_assumed_as_good_as_the_worst_of_its_batch():
+    requests = RequestAcceptance(prior_weight=1.0, decay=1.0, min_known=8)
+    for i in range(9):  # nine known requests: rates 0.1 .. 0.9 (each tried 10 proposals)
+        requests.counts[f"k{i}"] = (float(i + 1), 10.0, 0)
+    assert requests.prior(bs=1, batch_rate=0.7) == pytest.approx(0.5)  # alone: the median
+    assert requests.prior(bs=7, batch_rate=0.7) == pytest.approx(0.2)  # the 1/8 quantile
+    assert requests.worst(["new"], batch_rate=0.7) == pytest.approx(0.5)
+    assert requests.worst([f"new{i}" for i in range(7)], batch_rate=0.7) == pytest.approx(0.2)
+    requests.counts["k8"] = (0.0, 0.5, 0)  # too little evidence to count as known
+    requests.counts["k7"] = (0.0, 0.0, 0)
+    assert requests.prior(bs=7, batch_rate=0.7) == 0.7  # seven known: below min_known
+
+
+def test_requests_unseen_for_a_while_are_forgotten():
+    requests = RequestAcceptance(idle_steps=4)
+    requests.observe(["old"], [1], 8, step=1)
+    requests.observe(["new"], [1], 8, step=8)  # (pruned every idle_steps steps)
+    assert set(requests.counts) == {"new"}
+
+
+def poor_neighbour_workload(**kwargs):
+    """Seven well-drafted requests and one poorly drafted, at bs 8. The draft costs more than a
+    step without it (7.2 vs 6.0 ms): the full width gives the batch 1.5x the tokens a second of
+    no draft, and the poor request a third of its own."""
+    return Workload(
+        rate=[0.9] * 7 + [0.1], rest_ms=1.0, per_req_ms=0.5, draft_ms=0.8, per_token_ms=0.12, **kwargs
+    )
+
+
+def test_a_poorly_drafted_request_is_not_slowed_by_its_neighbours():
+    workload = poor_neighbour_workload()
+    seconds = workload.cost(8, np.arange(1, 9))
+    batch = np.mean([expected_commit([r] * 7) for r in workload.rate], axis=0) / seconds
+    poor = expected_commit([0.1] * 7) / seconds
+    assert batch[7] > 1.5 * batch[0] and poor[1:].max() < 0.7 * poor[0]
+    widths = run(WidthPolicy(8), workload, bs=8, steps=1000)
+    assert widths.count(1) >= 0.9 * len(widths)  # the rest are probes
+    # Control: with the batch's throughput alone, the full width.
+    widths = run(WidthPolicy(8, fair_slack=None), poor_neighbour_workload(), bs=8, steps=1000)
+    assert most_common(widths) == 8
+
+
+def test_a_narrower_width_that_slows_no_request_is_chosen():
+    """A request at 0.5 among ones at 0.9, with a cheap draft: the full width would slow it by
+    23%, widths 2 to 5 would not. Over the run, the poor request commits its tokens no more
+    than 10% slower than without the draft (its acceptance is estimated, so a little noise),
+    and the batch gets most of the full width's gain."""
+    kwargs = dict(rest_ms=3.0, per_req_ms=0.5, draft_ms=0.3, per_token_ms=0.3)
+    rates = [0.9] * 3 + [0.5]
+    seconds = Workload(rate=rates, **kwargs).cost(4, np.arange(1, 9))
+    batch_commit = np.mean([expected_commit([r] * 7) for r in rates], axis=0)
+    poor_commit = expected_commit([0.5] * 7)
+    poor = poor_commit / seconds
+    assert poor[7] < 0.8 * poor[0] and (poor[1:5] >= poor[0] / 1.05).all()
+
+    def rates_over(widths):  # (the poor request's, the batch's) tokens a second, run-long
+        i = np.asarray(widths) - 1
+        return poor_commit[i].sum() / seconds[i].sum(), batch_commit[i].sum() / seconds[i].sum()
+
+    poor_rate, batch_rate = rates_over(run(WidthPolicy(8), Workload(rate=rates, **kwargs), bs=4, steps=1000))
+    assert poor_rate >= poor[0] / 1.1
+    assert batch_rate >= 1.5 / seconds[0]  # (the full width: 1.84x, the best fair width: 1.77x)
+    # Control: with the batch's throughput alone, the poor request pays for the full width.
+    widths = run(WidthPolicy(8, fair_slack=None), Workload(rate=rates, **kwargs), bs=4, steps=1000)
+    assert rates_over(widths)[0] < 0.85 * poor[0]
+
+
+def test_fair_slack_switch():
+    assert policy_for(8, "cpu", None)[0].fair_slack == 0.05
+    assert policy_for(8, "cpu", None, fair_slack="0.2")[0].fair_slack == 0.2
+    assert policy_for(8, "cpu", None, fair_slack="off")[0].fair_slack is None
+    for bad in ("-1", "nan", "yes"):
+        with pytest.raises(ValueError, match="SGLANG_DFLASH_FAIR_SLACK"):
+            policy_for(8, "cpu", None, fair_slack=bad)
+
+
+def test_probes_are_rarer_when_drafting_is_far_from_paying():
+    """At bs 32 with a dear draft, no draft is best by far: draft probes are 4 times rarer
+    (the full width is still measured within RECENT_STEPS); near a tie they are not."""
+    far = dict(rate=0.5, rest_ms=1.0, per_req_ms=0.5, draft_ms=0.8, per_token_ms=0.12)
+
+    def drafted(policy, **workload):
+        widths = run(policy, Workload(**workload), bs=32, steps=2000)[-200:]
+        return sum(w > 1 for w in widths)
+
+    assert drafted(WidthPolicy(8), **far) <= 2
+    assert drafted(WidthPolicy(8, far_probe_factor=1), **far) >= 3
+
+
+def test_the_result_hook_tells_the_policy_each_live_request_by_id():
+    """SGLang's result processing (through `metrics.resolve_spec_tokens_hook`) feeds the policy
+    the accepted drafts of the requests still live, under their ids."""
+    policy = WidthPolicy(8)
+
+    def req(rid, finished=False):
+        return SimpleNamespace(rid=rid, is_retracted=False, finished=lambda: finished)
+
+    batch = SimpleNamespace(reqs=[req("a"), req("b", finished=True), req("c")])
+    result = SimpleNamespace(num_correct_drafts_per_req_cpu=[0, 3, 7], speculative_num_draft_tokens=8)
+    scheduler = SimpleNamespace(model_worker=SimpleNamespace(metrics=None, width_policy=policy))
+    assert (
+        resolve_spec_tokens_hook(lambda self, result, batch: "settled", scheduler, result, batch) == "settled"
+    )
+    assert {rid: c[:2] for rid, c in policy.requests.counts.items()} == {"a": (0, 1), "c": (7, 7)}
+    assert policy.processed == 3 + 10  # every request's committed tokens, finished ones included
