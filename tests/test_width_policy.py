@@ -307,24 +307,10 @@ def test_request_acceptance_by_hand():
     assert requests.rate("a", prior=0.5) == pytest.approx(0.25)
     assert requests.rate("b", prior=0.5) == pytest.approx(0.875)
     assert requests.rate("new", prior=0.5) == 0.5  # no evidence: the batch's rate
-    # Too few known requests for a prior of their own: the batch's rate.
-    assert requests.worst(["a", "b", "new"], batch_rate=0.5) == pytest.approx(0.25)
-    assert requests.worst([], batch_rate=0.5) == 0.5
+    assert requests.worst(["a", "b", "new"], prior=0.5) == pytest.approx(0.25)
+    assert requests.worst([], prior=0.5) == 0.5
     requests.observe(["a"], [0], 1, step=2)  # width 1: no evidence
     assert requests.rate("a", prior=0.5) == pytest.approx(0.25)
-
-
-def test_a_newcomer_is_assumed_as_good_as_the_worst_of_its_batch():
-    requests = RequestAcceptance(prior_weight=1.0, decay=1.0, min_known=8)
-    for i in range(9):  # nine known requests: rates 0.1 .. 0.9 (each tried 10 proposals)
-        requests.counts[f"k{i}"] = (float(i + 1), 10.0, 0)
-    assert requests.prior(bs=1, batch_rate=0.7) == pytest.approx(0.5)  # alone: the median
-    assert requests.prior(bs=7, batch_rate=0.7) == pytest.approx(0.2)  # the 1/8 quantile
-    assert requests.worst(["new"], batch_rate=0.7) == pytest.approx(0.5)
-    assert requests.worst([f"new{i}" for i in range(7)], batch_rate=0.7) == pytest.approx(0.2)
-    requests.counts["k8"] = (0.0, 0.5, 0)  # too little evidence to count as known
-    requests.counts["k7"] = (0.0, 0.0, 0)
-    assert requests.prior(bs=7, batch_rate=0.7) == 0.7  # seven known: below min_known
 
 
 def test_requests_unseen_for_a_while_are_forgotten():
