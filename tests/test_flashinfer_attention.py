@@ -104,6 +104,7 @@ def test_upper_bound_host_lengths_plan_without_split_kv(exact):
     attn = object.__new__(fia.FlashInferDraftAttention)  # __init__ refuses a CPU store
     attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, 4, None
     attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
+    attn.graph_batch_size, attn._planned = None, None
     attn.store = DraftKVStore(
         num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
     )
@@ -284,7 +285,8 @@ def test_construction_and_bind_reject_bad_sizes():
     with pytest.raises(ValueError, match="has 95 slots; FlashInfer draft attention needs 96"):
         fia.FlashInferDraftAttention(config, store(95), scratch_base=64, max_batch_size=2)
     attn = fia.FlashInferDraftAttention(config, store(128), scratch_base=64, max_batch_size=4)
-    req_to_token, rows = make_req_to_token([3] * 5, 64)
+    # 5 rows of 3 + 2 * BLOCK slots need 175 distinct ids; bind refuses the batch before reading any.
+    req_to_token, rows = make_req_to_token([3] * 5, 5 * (3 + 2 * BLOCK) + 1)
     lens = torch.full((5,), 3)
     with pytest.raises(ValueError, match="batch size 5 is outside"):
         attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens, BLOCK)

@@ -483,9 +483,10 @@ def test_cuda_op_non_contiguous_inputs(shape):
     assert wide.stride(0) == 2 * x.shape[1]
     assert_kernel_matches(model, wide, positions, slots, num_slots, torch.bfloat16)
     every_other = torch.stack([x, x], dim=1).flatten(0, 1)[::2]
-    strided_pos = torch.stack([positions, positions], dim=1).flatten()[::2].to(torch.int32)
-    strided_slots = torch.stack([slots, slots], dim=1).flatten()[::2].to(torch.int32)
-    assert strided_pos.stride(0) == 2
+    # Cast first, then take every other element: `.to()` of a strided view returns a contiguous copy.
+    strided_pos = torch.stack([positions, positions], dim=1).flatten().to(torch.int32)[::2]
+    strided_slots = torch.stack([slots, slots], dim=1).flatten().to(torch.int32)[::2]
+    assert strided_pos.stride(0) == 2 and strided_slots.stride(0) == 2
     assert_kernel_matches(model, every_other, strided_pos, strided_slots, num_slots, torch.bfloat16)
 
 
