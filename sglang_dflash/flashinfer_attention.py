@@ -28,6 +28,21 @@ different rows are merged together. With upper-bound host lengths the plan there
 split-KV (one chunk per request and query tile: correct, and slower for long contexts at small
 batch, where split-KV is what fills the GPU).
 
+CUDA-graph mode (`graph_batch_size=b`, for `draft_step.py`): the wrappers are FlashInfer's
+graph-mode ones for exactly b requests, over fixed buffers (`GraphBuffers`: the page indices,
+sized by `kv_indices_capacity`, and the workspaces, shared by every bucket, since only one
+bucket runs a step), so a captured `run` reads whatever the last plan wrote there. Planning
+stays outside the graph, before each replay, with exact host lengths (the only kind graph mode
+takes): FlashInfer's graph-mode plan always splits the KV, pads its grid to a size that does
+not depend on the lengths, and keeps its work partition in device buffers at fixed offsets, so
+one captured `run` serves every later plan of the same batch size.
+
+A plan writes its work partition into a pinned host buffer and copies it to the device
+asynchronously; nothing in FlashInfer stops the next plan of the same wrapper from overwriting
+that host buffer before the copy has run. `bind` therefore waits for the previous plan's copies
+(an event recorded after them) before planning again: a host wait that returns at once unless
+the device is more than a whole step behind.
+
 `flashinfer` is imported lazily: this module imports on CPU-only hosts.
 """
 
@@ -43,11 +58,23 @@ from sglang_dflash.config import DFlashDraftConfig
 from sglang_dflash.kv_store import DraftKVStore
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's split-KV scratch (its recommended size)
+INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # a plan's work partition (what each wrapper allocates)
 
 
 def num_scratch_slots(max_batch_size: int, block_size: int) -> int:
     """Extra draft-KV-store slots `FlashInferDraftAttention` needs past the target's slots."""
     return max_batch_size * block_size
+
+
+def kv_indices_capacity(
+    max_batch_size: int, max_context_len: int, block_size: int, context_window: Optional[int] = None
+) -> int:
+    """Page indices a step of up to `max_batch_size` requests can list (page size 1): each
+    request's visible context, at most `max_context_len` (or the draft window), and its block.
+    Requests sharing a cached prefix each list it, so the pool's size is no bound.
+    E.g., 4 requests, context 1000, Bd 16 -> 4 * 1016; with a window of 256 -> 4 * 272."""
+    visible = max_context_len if context_window is None else min(max_context_len, context_window)
+    return max_batch_size * (visible + block_size)
 
 
 def unavailable_reason(config: DFlashDraftConfig, device: torch.device) -> Optional[str]:
@@ -77,6 +104,29 @@ class LayerKind:
 def layer_kind(config: DFlashDraftConfig, layer_id: int) -> LayerKind:
     window = config.layer_window(layer_id)
     return LayerKind(config.layer_is_causal(layer_id), -1 if window is None else window - 1)
+
+
+@dataclass
+class GraphBuffers:
+    """What the graph-mode attentions of every bucket share (one bucket plans and runs a step):
+    the page indices, the split-KV scratch, and one plan workspace per layer kind (the kinds of
+    one step are planned together, so each needs its own)."""
+
+    kv_indices: torch.Tensor  # [capacity] int32
+    workspace: torch.Tensor  # [WORKSPACE_BYTES] uint8
+    int_workspaces: dict  # LayerKind -> [INT_WORKSPACE_BYTES] uint8
+
+    @classmethod
+    def allocate(cls, config: DFlashDraftConfig, capacity: int, workspace: torch.Tensor) -> "GraphBuffers":
+        device = workspace.device
+        kinds = {layer_kind(config, i) for i in range(config.num_hidden_layers)}
+        return cls(
+            kv_indices=torch.zeros(capacity, dtype=torch.int32, device=device),
+            workspace=workspace,
+            int_workspaces={
+                k: torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device) for k in kinds
+            },
+        )
 
 
 @dataclass
@@ -151,7 +201,13 @@ class FlashInferDraftAttention:
         context_window: Optional[int] = None,
         q_dtype: Optional[torch.dtype] = None,
         workspace_bytes: int = WORKSPACE_BYTES,
+        workspace: Optional[torch.Tensor] = None,
+        graph_batch_size: Optional[int] = None,
+        graph_buffers: Optional[GraphBuffers] = None,
     ):
+        """`workspace`: FlashInfer's float workspace, to share between instances that never
+        run at once (else `workspace_bytes` are allocated). `graph_batch_size`: CUDA-graph mode
+        for exactly that many requests, over `graph_buffers`."""
         reason = unavailable_reason(config, store.k.device)
         if reason is not None:
             raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
@@ -176,13 +232,40 @@ class FlashInferDraftAttention:
         self.num_kv_heads = store.k.shape[2]
         self.num_heads = config.num_attention_heads * self.num_kv_heads // config.num_key_value_heads
         self.kinds = [layer_kind(config, i) for i in range(config.num_hidden_layers)]
-        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=store.k.device)
+        device = store.k.device
+        self.graph_batch_size = graph_batch_size
+        graph_mode = {}
+        if graph_batch_size is not None:
+            if graph_batch_size != max_batch_size or graph_buffers is None:
+                raise ValueError(
+                    f"CUDA-graph mode needs graph_buffers and graph_batch_size ({graph_batch_size}) "
+                    f"== max_batch_size ({max_batch_size})"
+                )
+            workspace = graph_buffers.workspace
+            b = graph_batch_size
+            # One set for every layer kind: each kind's plan writes the same layout into them.
+            graph_mode = {
+                "use_cuda_graph": True,
+                "qo_indptr_buf": torch.zeros(b + 1, dtype=torch.int32, device=device),
+                "paged_kv_indptr_buf": torch.zeros(b + 1, dtype=torch.int32, device=device),
+                "paged_kv_indices_buf": graph_buffers.kv_indices,
+                "paged_kv_last_page_len_buf": torch.ones(b, dtype=torch.int32, device=device),
+            }
+        if workspace is None:
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+        self.workspace = workspace
         self.wrappers = {
-            kind: flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+            kind: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                workspace, "NHD", backend="fa2", **graph_mode
+            )
             for kind in set(self.kinds)
         }
+        if graph_buffers is not None:
+            for kind, wrapper in self.wrappers.items():
+                wrapper.reset_workspace_buffer(workspace, graph_buffers.int_workspaces[kind])
+        self._planned = None  # a CUDA event after the last plan's copies
         for wrapper in self.wrappers.values():
-            # We repoint the planned indptr at the exact device one (see the module docstring).
+            # We point the planned indptr at the exact device one (see the module docstring).
             if not hasattr(wrapper, "_paged_kv_indptr_buf"):
                 raise RuntimeError(
                     "this FlashInfer version has no BatchPrefillWithPagedKVCacheWrapper._paged_kv_indptr_buf"
@@ -202,6 +285,11 @@ class FlashInferDraftAttention:
         bs = context_lens.shape[0]
         if not 1 <= bs <= self.max_batch_size:
             raise ValueError(f"batch size {bs} is outside [1, {self.max_batch_size}]")
+        if self.graph_batch_size is not None and (bs != self.graph_batch_size or not host_lens_exact):
+            raise ValueError(
+                f"CUDA-graph mode plans exactly {self.graph_batch_size} requests with exact host "
+                f"lengths, got {bs} (exact: {host_lens_exact})"
+            )
         if block_size != self.config.block_size:
             raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
         self.bs, self.block_size = bs, block_size
@@ -214,6 +302,10 @@ class FlashInferDraftAttention:
             self.scratch_base,
             self.context_window,
         )
+        if self._planned is not None:
+            # The previous plan's pinned host buffer must have reached the device before this
+            # plan rewrites it (module docstring); normally long done, so this returns at once.
+            self._planned.synchronize()
         for kind, wrapper in self.wrappers.items():
             wrapper.plan(
                 layout.qo_indptr_host,
@@ -232,7 +324,14 @@ class FlashInferDraftAttention:
                 non_blocking=True,
                 disable_split_kv=not host_lens_exact,
             )
-            wrapper._paged_kv_indptr_buf = layout.kv_indptr
+            if self.graph_batch_size is None:
+                wrapper._paged_kv_indptr_buf = layout.kv_indptr
+            else:  # a captured run reads the fixed buffer
+                wrapper._paged_kv_indptr_buf.copy_(layout.kv_indptr)
+        if self.store.k.device.type == "cuda":
+            if self._planned is None:
+                self._planned = torch.cuda.Event()
+            self._planned.record()
         self.layout = layout  # keeps the device buffers alive for the step
         return self
 
