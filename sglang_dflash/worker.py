@@ -2,7 +2,8 @@
 
 One decode step, for a batch of bs requests with committed lengths `seq_lens`:
 
-  1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store
+  1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store,
+              eager or from a CUDA graph (`draft_step.py`)
               -> the target's lm_head argmax at block positions 1..B-1 = proposals.
   2. verify:  one target TARGET_VERIFY forward over `[bonus, d1 .. d_{B-1}]` as a causal chain.
   3. accept:  longest run of proposals equal to the target's predictions, plus its next token;
@@ -23,6 +24,7 @@ verify width: the draft always runs its full trained block, and only B tokens ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,9 +42,9 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-from sglang_dflash import IMPL_NAME, __version__, flashinfer_attention, ops
+from sglang_dflash import IMPL_NAME, __version__, draft_step, flashinfer_attention, fused_forward, ops
 from sglang_dflash.attention import SdpaDraftAttention, planning_lens
-from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
+from sglang_dflash.block import extend_positions, gather_slots
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.cpu import verify_attention
 from sglang_dflash.draft_model import DFlashDraftModel
@@ -108,6 +110,30 @@ def _keep_final_hidden_states(model) -> bool:
     return True
 
 
+def _free_device_memory() -> int:
+    """Free bytes on the current CUDA device, after returning the cache (as SGLang measures its
+    graphs' memory)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+@contextlib.contextmanager
+def _sglang_graph_capture():
+    """SGLang's capture context on its shared capture stream: under tensor parallelism it makes
+    the draft's all-reduces capturable (custom all-reduce, pynccl); with graph-pool borrowing on
+    (SGLANG_ENABLE_GRAPH_POOL_BORROW) it retires the borrow pool first. Yields the stream."""
+    from sglang.srt.distributed.parallel_state import graph_capture
+    from sglang.srt.model_executor.runner_utils.pool import (
+        get_or_create_global_graph_capture_stream,
+        graph_pool_capture_scope,
+    )
+
+    stream = get_or_create_global_graph_capture_stream()
+    with graph_pool_capture_scope(), graph_capture(stream=stream) as context:
+        yield context.stream
+
+
 def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> DFlashDraftInputV2:
     """SGLang's cross-step DFLASH state: the bonus token and committed length per request."""
     bs, device = new_seq_lens.numel(), bonus_tokens.device
@@ -159,10 +185,13 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_model = DFlashDraftModel.from_pretrained(
             path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device, tp=self.tp
         )
+        # The draft's forward: fused kernels on CUDA where they apply, else the module's maths.
+        self.draft_forward, forward_choice = self._choose_forward(int(runner.model_config.context_len))
         target = runner.model
         self.head = TargetHead(target, self.vocab_size, self.tp)  # the draft's embedding and LM head
         self.store: Optional[DraftKVStore] = None
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
+        self.draft_step: Optional[draft_step.DraftStep] = None  # eager or graphed, with the store
 
         self.returns_hidden_states = _keep_final_hidden_states(target)
         self.linear_state = LinearStateCommit.for_target(runner)  # None unless the target is hybrid
@@ -201,8 +230,8 @@ class DFlashWorker(BaseSpecWorker):
             )
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
-            "verify_width=%d (%s) draft_window=%s device=%s dtype=%s lm_head=%s grammar_aware_proposals=%s "
-            "hidden_states=%s linear_attention_state_commit=%s%s%s%s",
+            "verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s lm_head=%s "
+            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -214,6 +243,7 @@ class DFlashWorker(BaseSpecWorker):
             self.context_window,
             self.device,
             runner.dtype,
+            forward_choice,
             self.head.kind,
             self.grammar_window.propose,
             self.returns_hidden_states,
@@ -260,6 +290,14 @@ class DFlashWorker(BaseSpecWorker):
             self.verifier = Verifier(
                 max_bs, self.vocab_size, self.device, seed=self.target_worker.random_seed
             )
+        self.draft_step = draft_step.DraftStep(
+            self.draft_forward,
+            self.head.embed,
+            self.attention,
+            block_size=self.block_size,
+            mask_token_id=self.config.mask_token_id,
+            context_window=self.context_window,
+        )
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
         logger.info(
@@ -271,7 +309,8 @@ class DFlashWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook, after the target's attention backends and graphs: warm
-        the draft step up, and with step timing on, count the target's attention plans."""
+        the draft step up, capture its CUDA graphs, and with step timing on, count the target's
+        attention plans."""
         if self.timer.enabled:  # the target's attention plans per step, in the step records
             backend = self.model_runner.attn_backend
             for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):  # eager, graphed
@@ -279,6 +318,7 @@ class DFlashWorker(BaseSpecWorker):
                     counted = self.timer.counted(getattr(backend, method), "target_attention_plans")
                     setattr(backend, method, counted)
         self._warm_up()
+        self._capture_draft_graphs()
 
     @torch.no_grad()
     def _warm_up(self) -> None:
@@ -292,14 +332,11 @@ class DFlashWorker(BaseSpecWorker):
         one = torch.ones(1, dtype=torch.int64, device=device)
         features = torch.zeros(1, self.draft_model.fc.in_features, dtype=dtype, device=device)
         ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1)  # slot 0
-        block_ids, positions = prepare_draft_block(
-            one, one, mask_token_id=self.config.mask_token_id, block_size=self.block_size
-        )  # [1, Bd] x2, after a one-token context (req_to_token's row 0; only read)
-        attend = self.attention.bind(
-            self.req_to_token_pool.req_to_token, one - 1, one, one.cpu(), self.block_size
+        # One block after a one-token context (req_to_token's row 0; only read).
+        _, _, hidden = self.draft_step(
+            self.req_to_token_pool.req_to_token, one - 1, one, one, one.cpu(), True
         )
-        hidden = self.draft_model(self.head.embed(block_ids.view(-1)), positions.view(-1), attend)
-        self.head.argmax(hidden.view(1, self.block_size, -1)[:, 1:])
+        self.head.argmax(hidden[:, 1:])
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         logger.info(
@@ -307,6 +344,87 @@ class DFlashWorker(BaseSpecWorker):
             self.attention_name,
             time.perf_counter() - start,
         )
+
+    def _capture_draft_graphs(self) -> None:
+        """The draft step's CUDA graphs, one per SGLang capture size, in SGLang's graph memory
+        pool; or why there are none (logged once)."""
+        from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+        from sglang.srt.model_executor.runner_utils.pool import (
+            get_or_create_global_graph_memory_pool,
+            graph_pool_replay_scope,
+        )
+        from sglang.srt.runtime_context import get_exec
+
+        reason = draft_step.graphs_unavailable_reason(
+            device=torch.device(self.device),
+            attention_name=self.attention_name,
+            disable_cuda_graph=check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED),
+            env=os.environ.get(draft_step.GRAPHS_ENV),
+        )
+        if reason is None:
+            # The target's captured sizes (its verify graphs), else the configured ones.
+            sglang_sizes = (
+                self.model_runner.decode_cuda_graph_capture_bs or get_exec().graph.cuda_graph_config.decode.bs
+            )
+            req_to_token = self.req_to_token_pool.req_to_token
+            sizes = draft_step.capture_sizes(sglang_sizes, req_to_token.shape[0])
+            if not sizes:
+                reason = f"no capture batch sizes (SGLang's: {sglang_sizes})"
+        if reason is not None:
+            logger.info("DFLASH draft step: eager, no CUDA graphs (%s)", reason)
+            return
+        capacity = flashinfer_attention.kv_indices_capacity(
+            max(sizes), int(self.model_runner.model_config.context_len), self.block_size, self.context_window
+        )
+        free_before = _free_device_memory()
+        buffers = flashinfer_attention.GraphBuffers.allocate(self.config, capacity, self.attention.workspace)
+
+        def make_attention(size: int) -> flashinfer_attention.FlashInferDraftAttention:
+            return flashinfer_attention.FlashInferDraftAttention(
+                self.config,
+                self.store,
+                scratch_base=self.attention.scratch_base,
+                max_batch_size=size,
+                context_window=self.context_window,
+                q_dtype=self.model_runner.dtype,
+                graph_batch_size=size,
+                graph_buffers=buffers,
+            )
+
+        seconds = self.draft_step.capture(
+            sizes,
+            make_attention,
+            req_to_token,
+            kv_indices_capacity=capacity,
+            pool=get_or_create_global_graph_memory_pool(torch.cuda),
+            capture_context=_sglang_graph_capture,
+            replay_scope=graph_pool_replay_scope,
+        )
+        used_gb = (free_before - _free_device_memory()) / 2**30
+        # In SGLang's start-up accounting (server info, metrics) as the draft's decode graphs.
+        self._additional_graph_memory_usage["draft_decode"] = used_gb
+        self._additional_graph_time_usage["draft_decode"] = seconds
+        logger.info(
+            "DFLASH draft step: CUDA graphs for batch sizes %s (%.2f GB, %.1f s; page-index buffer %d); "
+            "eager above %d requests and for steps without exact host lengths",
+            list(sizes),
+            used_gb,
+            seconds,
+            capacity,
+            sizes[-1],
+        )
+
+    def _choose_forward(self, context_len: int):
+        """The draft network's forward, chosen once: fused kernels (`fused_forward.py`) where
+        they apply, else the module's own maths; with the reason."""
+        reason = fused_forward.unavailable_reason(self.draft_model, torch.device(self.device))
+        if reason is None:
+            # Block positions reach context_len + Bd - 1.
+            forward = fused_forward.FusedDraftForward(self.draft_model, context_len + self.block_size)
+            return forward, "fused (FlashInfer norm, RoPE and SiLU kernels; stacked projections)"
+        if torch.device(self.device).type == "cuda":  # a real slowdown there: say so louder
+            logger.warning("DFLASH draft forward: module by module, not fused (%s)", reason)
+        return self.draft_model, f"module ({reason})"
 
     def _choose_attention(self, num_target_slots: int):
         """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""
@@ -515,24 +633,15 @@ class DFlashWorker(BaseSpecWorker):
         (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
         window positions 1..W-1 [bs, W-1, H] (read out by the LM head into the proposals)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
-        seq_lens = batch.seq_lens
-        bs = seq_lens.shape[0]
-        block_ids, block_positions = prepare_draft_block(
-            draft_input.bonus_tokens,
-            seq_lens,
-            mask_token_id=self.config.mask_token_id,
-            block_size=self.block_size,
-        )
-        attend = self.attention.bind(
+        # [bs, Bd] x2, [bs, Bd, H]; from a graph's static outputs, valid until the next step.
+        block_ids, block_positions, hidden = self.draft_step(
             self.req_to_token_pool.req_to_token,
             batch.req_pool_indices,
-            seq_lens,
+            draft_input.bonus_tokens,
+            batch.seq_lens,
             host_lens,
-            self.block_size,
-            host_lens_exact=host_lens_exact,
+            host_lens_exact,
         )
-        embeds = self.head.embed(block_ids.view(-1))
-        hidden = self.draft_model(embeds, block_positions.view(-1), attend).view(bs, self.block_size, -1)
         return block_ids[:, :width], block_positions[:, :width], hidden[:, 1:width]
 
     def _verify(self, batch: ScheduleBatch, candidates, positions, verify_slots) -> GenerationBatchResult:

@@ -284,6 +284,7 @@ def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
     the LM head) before serving; it must leave every committed slot as it was."""
     from types import SimpleNamespace
 
+    from sglang_dflash.draft_step import DraftStep
     from sglang_dflash.worker import DFlashWorker
 
     model = _load_ours(checkpoints[name])
@@ -300,8 +301,14 @@ def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
         config=config,
         block_size=config.block_size,
         req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(64, dtype=torch.int32).view(2, 32)),
-        attention=SdpaDraftAttention(config, store),
         attention_name="torch-sdpa",
+        draft_step=DraftStep(
+            model,
+            embedding,
+            SdpaDraftAttention(config, store),
+            block_size=config.block_size,
+            mask_token_id=config.mask_token_id,
+        ),
         head=SimpleNamespace(embed=embedding, argmax=lambda hidden: argmaxes.append(hidden.shape)),
     )
     DFlashWorker._warm_up(worker)
