@@ -41,7 +41,9 @@ def test_gpu_modules_and_gpu_tests_import_without_sglang_or_flashinfer():
     modules = [
         "sglang_dflash.attention",
         "sglang_dflash.draft_model",
+        "sglang_dflash.draft_step",
         "sglang_dflash.flashinfer_attention",
+        "sglang_dflash.fused_forward",
         "sglang_dflash.kv_store",
         "sglang_dflash.ops",
         "sglang_dflash.sampling",
@@ -68,6 +70,14 @@ def test_the_bundle_keeps_what_the_draft_attention_compiles():
     assert keep("flashinfer/data/include/flashinfer/attention/prefill.cuh")
     assert keep("flashinfer/data/cccl/cub/cub/cub.cuh")
     assert keep("flashinfer/data/cccl/libcudacxx/include/cuda/std/cstdint")
+    # The fused draft forward's kernels (FlashInfer's JIT norm, RoPE and SiLU-and-mul modules).
+    for source in ("norm.cu", "flashinfer_norm_binding.cu", "rope.cu", "flashinfer_rope_binding.cu"):
+        assert keep(f"flashinfer/data/csrc/{source}")
+    assert keep("flashinfer/data/include/flashinfer/norm.cuh")
+    assert keep("flashinfer/data/include/flashinfer/trtllm/common/reduceKernelUtils.cuh")
+    assert keep("flashinfer/data/include/flashinfer/pos_enc.cuh")
+    assert keep("flashinfer/data/include/flashinfer/activation.cuh")
+    assert keep("flashinfer/jit/activation.py") and keep("flashinfer/norm/kernels/rmsnorm.py")
     assert keep("flashinfer/fused_moe/core.py")  # `import flashinfer` imports it
     assert keep("flashinfer_python-0.7.2.dist-info/METADATA")
     assert not keep("flashinfer/data/csrc/fused_moe/cutlass_kernels/moe.cu")
