@@ -136,7 +136,13 @@ class DraftStep:
 
     `forward(embeds [N, H], positions [N], attend) -> [N, H]`: the draft network (the module,
     or `fused_forward.FusedDraftForward`); `embed(ids [N]) -> [N, H]`: the target's embedding;
-    `attention`: the eager draft attention. Graph outputs are static: valid until the next step.
+    `attention`: the eager draft attention.
+
+    From a replay, `hidden` is the graph's static output: valid only until the next replay of
+    any graph in the same memory pool. SGLang's pool is shared, and the target's graphs, captured
+    first, may use that memory for their intermediates, so the target's verify overwrites it:
+    read `hidden` before the verify. The block and positions, which the step needs after the
+    verify, are returned as copies.
     """
 
     def __init__(
@@ -175,7 +181,9 @@ class DraftStep:
         bs = seq_lens.shape[0]
         if self.graphs:
             visible = host_lens if self.context_window is None else host_lens.clamp(max=self.context_window)
-            num_indices = int(visible.sum()) + bs * self.block_size  # host values: no sync
+            # The padded plan lists every bucket row's block (host values: no sync).
+            size = bucket_for(bs, self.sizes) or bs
+            num_indices = int(visible.sum()) + size * self.block_size
             why = eager_reason(bs, self.sizes, host_lens_exact, num_indices, self.kv_indices_capacity)
             if why is None:
                 return self._replay(
@@ -216,7 +224,7 @@ class DraftStep:
         with self.replay_scope():
             g.graph.replay()
         block_ids, positions, hidden = g.outputs
-        return block_ids[:bs], positions[:bs], hidden[:bs]
+        return block_ids[:bs].clone(), positions[:bs].clone(), hidden[:bs]
 
     def _count_eager(self, why: str) -> None:
         if why not in self.eager_steps:

@@ -113,8 +113,17 @@ class GraphBuffers:
     one step are planned together, so each needs its own)."""
 
     kv_indices: torch.Tensor  # [capacity] int32
-    workspace: torch.Tensor  # [WORKSPACE_BYTES] uint8
-    int_workspaces: dict  # LayerKind -> [INT_WORKSPACE_BYTES] uint8
+    workspace: torch.Tensor  # [>= WORKSPACE_BYTES] uint8
+    int_workspaces: dict  # LayerKind -> [>= INT_WORKSPACE_BYTES] uint8
+
+    def grow(self, kind: "LayerKind", float_bytes: int, int_bytes: int) -> None:
+        """Make the workspaces at least this large (before any wrapper plans into them: the
+        largest bucket is built first, and the rest then get the grown ones)."""
+        device = self.workspace.device
+        if float_bytes > self.workspace.numel():
+            self.workspace = torch.empty(float_bytes, dtype=torch.uint8, device=device)
+        if int_bytes > self.int_workspaces[kind].numel():
+            self.int_workspaces[kind] = torch.empty(int_bytes, dtype=torch.uint8, device=device)
 
     @classmethod
     def allocate(cls, config: DFlashDraftConfig, capacity: int, workspace: torch.Tensor) -> "GraphBuffers":
@@ -261,8 +270,13 @@ class FlashInferDraftAttention:
             for kind in set(self.kinds)
         }
         if graph_buffers is not None:
+            # Graph mode always splits the KV, over a grid padded for b requests: its scratch
+            # grows with b (about 200 MB at b = 256 for 32/8 heads of 128), past the default.
             for kind, wrapper in self.wrappers.items():
-                wrapper.reset_workspace_buffer(workspace, graph_buffers.int_workspaces[kind])
+                graph_buffers.grow(kind, *self._graph_workspace_bytes(wrapper, kind, graph_batch_size))
+            for kind, wrapper in self.wrappers.items():
+                wrapper.reset_workspace_buffer(graph_buffers.workspace, graph_buffers.int_workspaces[kind])
+            self.workspace = graph_buffers.workspace
         self._planned = None  # a CUDA event after the last plan's copies
         for wrapper in self.wrappers.values():
             # We point the planned indptr at the exact device one (see the module docstring).
@@ -270,6 +284,27 @@ class FlashInferDraftAttention:
                 raise RuntimeError(
                     "this FlashInfer version has no BatchPrefillWithPagedKVCacheWrapper._paged_kv_indptr_buf"
                 )
+
+    def _graph_workspace_bytes(self, wrapper, kind: LayerKind, b: int) -> tuple[int, int]:
+        """FlashInfer's (float, int) workspace bytes for a graph-mode plan of b requests. Its
+        grid and split-KV scratch depend on b and the query rows (b x Bd), not on the context
+        lengths, so b empty requests stand for every plan of this bucket."""
+        block = self.config.block_size
+        indptr = torch.arange(b + 1, dtype=torch.int32) * block
+        return wrapper.workspace_size(
+            indptr,
+            indptr,
+            torch.zeros(b * block, dtype=torch.int32, device=self.store.k.device),
+            torch.ones(b, dtype=torch.int32),
+            self.num_heads,
+            self.num_kv_heads,
+            self.config.head_dim,
+            1,
+            causal=kind.causal,
+            window_left=kind.window_left,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.store.k.dtype,
+        )
 
     def bind(
         self,

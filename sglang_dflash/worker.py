@@ -633,7 +633,8 @@ class DFlashWorker(BaseSpecWorker):
         (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
         window positions 1..W-1 [bs, W-1, H] (read out by the LM head into the proposals)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
-        # [bs, Bd] x2, [bs, Bd, H]; from a graph's static outputs, valid until the next step.
+        # [bs, Bd] x2, [bs, Bd, H]; `hidden` may be a graph's static output, which the target's
+        # verify graph may overwrite (a shared pool): it is read before the verify.
         block_ids, block_positions, hidden = self.draft_step(
             self.req_to_token_pool.req_to_token,
             batch.req_pool_indices,

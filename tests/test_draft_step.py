@@ -213,6 +213,21 @@ def test_replay_after_the_pools_slots_are_reused():
     assert not torch.allclose(got[2], first[2])
 
 
+def test_block_and_positions_outlive_the_next_replay_in_the_pool():
+    """The target's verify graph, captured earlier in SGLang's shared pool, may reuse the draft
+    graph's output memory for its intermediates; the step needs the block and positions after
+    the verify, so they must not be the static outputs (it fails if they are)."""
+    s = Setup()
+    graphed = sdpa_step(s)
+    capture_sdpa(graphed, s, [4])
+    rows, bonus, seq_lens, host = s.batch([5, 30, 2], 3)
+    block_ids, positions, _ = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+    want = block_ids.clone(), positions.clone()
+    for static in graphed.graphs[4].outputs:  # another graph of the pool replays
+        static.fill_(-1)
+    assert torch.equal(block_ids, want[0]) and torch.equal(positions, want[1])
+
+
 def test_a_graph_that_does_not_replay_is_caught():
     s = Setup()
     graphed, eager = sdpa_step(s), sdpa_step(s)
@@ -321,7 +336,7 @@ def test_cuda_graphs_equal_the_eager_step(forward):
     if forward == "fused":
         s.forward = FusedDraftForward(s.model, 4096)
     graphed, eager = flashinfer_step(s, [1, 2, 4, 8])
-    tol = dict(rtol=2e-2, atol=2e-2)
+    tol = dict(rtol=5e-2, atol=5e-2)  # bf16; the argmax check below is the tight one
     for seed, lens in enumerate(BATCHES):
         for grow in (0, 1, 700):  # longer contexts than at capture, and than the last replay
             rows, bonus, seq_lens, host = s.batch([c + grow for c in lens], seed)

@@ -290,3 +290,32 @@ def test_construction_and_bind_reject_bad_sizes():
     lens = torch.full((5,), 3)
     with pytest.raises(ValueError, match="batch size 5 is outside"):
         attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), lens, BLOCK)
+
+
+@pytest.mark.gpu
+def test_graph_mode_grows_the_shared_workspace_for_large_buckets():
+    """Graph mode always splits the KV over a grid padded for the bucket: at 256 requests with
+    32/8 heads of 128 its scratch passes FlashInfer's default 128 MB. The largest bucket's
+    attention grows the shared workspace, and its plan then fits."""
+    config = make_config(["full_attention"], heads=32, kv_heads=8)
+    b = 256
+    store = DraftKVStore(
+        num_slots=64 + fia.num_scratch_slots(b, BLOCK),
+        num_layers=1,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    small = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    buffers = fia.GraphBuffers.allocate(config, fia.kv_indices_capacity(b, 8, BLOCK), small)
+    attn = fia.FlashInferDraftAttention(
+        config, store, scratch_base=64, max_batch_size=b, graph_batch_size=b, graph_buffers=buffers
+    )
+    assert buffers.workspace.numel() > small.numel() and attn.workspace is buffers.workspace
+    req_to_token = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+    lens = torch.full((b,), 8)
+    attn.bind(req_to_token, torch.arange(b, device="cuda"), lens.cuda(), lens, BLOCK)
+    q = torch.randn(b * BLOCK, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b * BLOCK, 8, 128, device="cuda", dtype=torch.bfloat16)
+    assert attn(0, q, k, torch.randn_like(k)).isfinite().all()
