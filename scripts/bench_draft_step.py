@@ -42,11 +42,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from scripts.bench_ops import SHAPES, build_model  # noqa: E402
+from scripts.bench_ops import SHAPES, build_model, device_ms, new_store  # noqa: E402
 from sglang_dflash import flashinfer_attention as fia  # noqa: E402
 from sglang_dflash.draft_step import DraftStep  # noqa: E402
 from sglang_dflash.fused_forward import FusedDraftForward  # noqa: E402
-from sglang_dflash.kv_store import DraftKVStore  # noqa: E402
 
 BLOCK = 16
 
@@ -66,17 +65,6 @@ class Stat:
 
 def repeat(measure, repeats: int) -> Stat:
     return Stat([measure() for _ in range(repeats)])
-
-
-def device_ms(fn, iters: int) -> float:
-    """Mean device time of `fn` over back-to-back calls (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def wall_ms(fn, iters: int, sync_each: bool) -> float:
@@ -129,17 +117,9 @@ class Case:
     """A batch of bs requests with `context` committed tokens each, in a store of random K/V."""
 
     def __init__(self, model, bs: int, context: int):
-        c = model.config
         self.bs, self.context = bs, context
         self.num_target_slots = bs * (context + 2 * BLOCK) + 1
-        self.store = DraftKVStore(
-            num_slots=self.num_target_slots + fia.num_scratch_slots(bs, BLOCK),
-            num_layers=c.num_hidden_layers,
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=c.head_dim,
-            dtype=torch.bfloat16,
-            device="cuda",
-        )
+        self.store = new_store(model, self.num_target_slots + fia.num_scratch_slots(bs, BLOCK))
         self.store.k.normal_()
         self.store.v.normal_()
         width = context + 2 * BLOCK

@@ -157,6 +157,17 @@ class BuiltinPath:
         self.helper.materialize(ctx, positions, write_layer_kv)
 
 
+def device_ms(fn: Callable[[], object], iters: int) -> float:
+    """Mean device time of `fn` over back-to-back calls (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def time_us(fn: Callable[[], None], iters: int, graph: bool) -> Optional[float]:
     for _ in range(3):
         fn()
@@ -172,13 +183,7 @@ def time_us(fn: Callable[[], None], iters: int, graph: bool) -> Optional[float]:
         fn = g.replay
         for _ in range(3):
             fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
+    return device_ms(fn, iters) * 1000
 
 
 def check_same(stores: dict, slots: torch.Tensor, dtype: torch.dtype) -> None:
