@@ -182,12 +182,12 @@ class DraftStep:
         if self.graphs:
             visible = host_lens if self.context_window is None else host_lens.clamp(max=self.context_window)
             # The padded plan lists every bucket row's block (host values: no sync).
-            size = bucket_for(bs, self.sizes) or bs
-            num_indices = int(visible.sum()) + size * self.block_size
+            size = bucket_for(bs, self.sizes)
+            num_indices = int(visible.sum()) + (size or bs) * self.block_size
             why = eager_reason(bs, self.sizes, host_lens_exact, num_indices, self.kv_indices_capacity)
             if why is None:
                 return self._replay(
-                    self.graphs[bucket_for(bs, self.sizes)],
+                    self.graphs[size],
                     req_to_token,
                     bonus,
                     seq_lens,

@@ -110,14 +110,6 @@ def _keep_final_hidden_states(model) -> bool:
     return True
 
 
-def _free_device_memory() -> int:
-    """Free bytes on the current CUDA device, after returning the cache (as SGLang measures its
-    graphs' memory)."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info()[0]
-
-
 @contextlib.contextmanager
 def _sglang_graph_capture():
     """SGLang's capture context on its shared capture stream: under tensor parallelism it makes
@@ -354,6 +346,7 @@ class DFlashWorker(BaseSpecWorker):
             graph_pool_replay_scope,
         )
         from sglang.srt.runtime_context import get_exec
+        from sglang.srt.utils.common import get_available_gpu_memory
 
         reason = draft_step.graphs_unavailable_reason(
             device=torch.device(self.device),
@@ -376,7 +369,8 @@ class DFlashWorker(BaseSpecWorker):
         capacity = flashinfer_attention.kv_indices_capacity(
             max(sizes), int(self.model_runner.model_config.context_len), self.block_size, self.context_window
         )
-        free_before = _free_device_memory()
+        # SGLang's own measure of its graphs' memory: free GB after returning the cache.
+        free_before = get_available_gpu_memory(self.device, self.model_runner.gpu_id)
         buffers = flashinfer_attention.GraphBuffers.allocate(self.config, capacity, self.attention.workspace)
 
         def make_attention(size: int) -> flashinfer_attention.FlashInferDraftAttention:
@@ -400,7 +394,7 @@ class DFlashWorker(BaseSpecWorker):
             capture_context=_sglang_graph_capture,
             replay_scope=graph_pool_replay_scope,
         )
-        used_gb = (free_before - _free_device_memory()) / 2**30
+        used_gb = free_before - get_available_gpu_memory(self.device, self.model_runner.gpu_id)
         # In SGLang's start-up accounting (server info, metrics) as the draft's decode graphs.
         self._additional_graph_memory_usage["draft_decode"] = used_gb
         self._additional_graph_time_usage["draft_decode"] = seconds
