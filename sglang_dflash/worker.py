@@ -53,6 +53,7 @@ from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_
 from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
 from sglang_dflash.step_timer import StepTimer
+from sglang_dflash.target_features import FeatureLayout
 from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
 from sglang_dflash.tensor_parallel import TensorParallel, check_ranks_agree
@@ -168,6 +169,8 @@ class DFlashWorker(BaseSpecWorker):
         captured = list(runner.spec_aux_config.dflash_target_layer_ids or [])
         if captured != list(layer_ids):
             raise RuntimeError(f"target captures layers {captured}, but the draft needs {list(layer_ids)}")
+        # SGLang captures each layer once, in layer order; fc reads them as listed.
+        self.features = FeatureLayout(layer_ids, int(text_config.hidden_size), self.device)
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens)  # B, the verify width
         self.config.check_num_draft_tokens(self.num_draft_tokens)
         self.block_size = self.config.block_size  # Bd, the trained draft block
@@ -221,7 +224,7 @@ class DFlashWorker(BaseSpecWorker):
                 *self.simulated_acceptance,
             )
         logger.info(
-            "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s block_size=%d "
+            "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s (%s) block_size=%d "
             "verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s lm_head=%s "
             "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s",
             IMPL_NAME,
@@ -229,6 +232,7 @@ class DFlashWorker(BaseSpecWorker):
             path,
             self.config.num_hidden_layers,
             list(layer_ids),
+            self.features.describe(),
             self.block_size,
             self.num_draft_tokens,
             width_choice,
@@ -470,9 +474,8 @@ class DFlashWorker(BaseSpecWorker):
             # The injection must land in this step: the scheduler may insert these tokens into
             # the radix cache as soon as the step returns.
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
-            ops.inject_context_kv(
-                self.draft_model, self.store, logits_output.hidden_states, positions, batch.out_cache_loc
-            )
+            features = self.features.arrange(logits_output.hidden_states)  # [T, K*H]
+            ops.inject_context_kv(self.draft_model, self.store, features, positions, batch.out_cache_loc)
             self._hand_over_hidden_states(batch, logits_output, extend=True)
             self.verifier.start_requests(batch)
             result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
@@ -557,9 +560,8 @@ class DFlashWorker(BaseSpecWorker):
             if not self.skip_decode_injection:
                 committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
                 slots = torch.where(committed, verify_slots, 0).view(-1)
-                ops.inject_context_kv(
-                    self.draft_model, self.store, logits_output.hidden_states, positions.reshape(-1), slots
-                )
+                features = self.features.arrange(logits_output.hidden_states)  # [bs*W, K*H]
+                ops.inject_context_kv(self.draft_model, self.store, features, positions.reshape(-1), slots)
             self._hand_over_hidden_states(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, host_lens, proposals)

@@ -1,0 +1,60 @@
+"""The target's captured hidden states, laid out the way the draft's `fc` reads them.
+
+The draft's `fc` reads one chunk of hidden_size per entry of `target_layer_ids`, in listed order.
+SGLang captures differently: its model's layer loop asks `if i in layers_to_capture`, so each
+listed layer is captured once, in layer order. The two agree only when the ids strictly increase.
+
+    ids [1, 9, 17]  captured [h1, h9, h17]   fc reads [h1, h9, h17]   (nothing to do)
+    ids [1, 1]      captured [h1]            fc reads [h1, h1]        (z-lab's default for a
+                                                                       2-layer draft on a 4-layer target)
+    ids [9, 1, 9]   captured [h1, h9]        fc reads [h9, h1, h9]
+
+`FeatureLayout` maps the captured chunks to fc's, with one gather. SGLang's packed capture
+buffer (`AuxHiddenStatePacker`) may hold one chunk per listed id with only the first
+`len(set(ids))` written; the gather reads only those.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def captured_chunk_of(layer_ids: Sequence[int]) -> Optional[tuple[int, ...]]:
+    """For each listed id, the index of its chunk among SGLang's captures (distinct ids in layer
+    order); None when that is the identity. E.g., [9, 1, 9] -> (1, 0, 1); [1, 9] -> None."""
+    order = sorted(set(layer_ids))
+    chunks = tuple(order.index(layer_id) for layer_id in layer_ids)
+    return None if chunks == tuple(range(len(layer_ids))) else chunks
+
+
+class FeatureLayout:
+    """Arranges SGLang's captured target features into the draft's `fc` input."""
+
+    def __init__(self, layer_ids: Sequence[int], hidden_size: int, device):
+        self.layer_ids = list(layer_ids)
+        self.hidden_size = hidden_size
+        chunks = captured_chunk_of(layer_ids)
+        self.num_captured = len(set(layer_ids))
+        # [K] chunk index per fc input; None: the captured layout is already fc's.
+        self.gather = None if chunks is None else torch.tensor(chunks, dtype=torch.long, device=device)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.gather is None
+
+    def describe(self) -> str:
+        """For the start-up log."""
+        if self.is_identity:
+            return "as captured"
+        captured = sorted(set(self.layer_ids))
+        return f"captured layers {captured} gathered into {self.layer_ids}"
+
+    def arrange(self, captured: torch.Tensor) -> torch.Tensor:
+        """[T, C*H] captured features (C >= distinct ids) -> [T, K*H] in listed order."""
+        if self.gather is None:
+            return captured
+        tokens = captured.shape[0]
+        chunks = captured.view(tokens, -1, self.hidden_size)[:, : self.num_captured]  # [T, C', H]
+        return chunks.index_select(1, self.gather).reshape(tokens, -1)  # [T, K, H] -> [T, K*H]
