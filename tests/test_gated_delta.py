@@ -281,3 +281,28 @@ def test_verify_window_equals_decode_steps_with_a_bf16_recurrent_state(params):
     )[0].view(bs, steps, HV, V)
     torch.testing.assert_close(out, torch.stack(decoded, 1), atol=1e-6, rtol=0)
     assert torch.equal(scratch, torch.stack(kept, 1))
+
+
+def _defaulted_mutable_args(schema) -> list[str]:
+    return [
+        a.name
+        for a in schema.arguments
+        if a.alias_info is not None and a.alias_info.is_write and a.has_default_value()
+    ]
+
+
+def test_no_op_with_a_defaulted_mutated_argument_carries_custom_ops_mutation_wrapper():
+    """torch 2.11's `custom_op` wraps a mutating op in an ADInplaceOrView kernel that indexes
+    `args[i]` for every mutated argument: an omitted defaulted one raises IndexError (SGLang's
+    decode omits `intermediate_states_buffer`). Such ops must be plain schema-defined kernels.
+    Registering `fused_sigmoid_gating_delta_rule_update_cpu` with `custom_op` again fails this."""
+    checked = []
+    for name in dir(torch.ops.sgl_kernel):
+        packet = getattr(torch.ops.sgl_kernel, name)
+        if not name.endswith("_cpu") or not hasattr(packet, "default"):
+            continue
+        if _defaulted_mutable_args(packet.default._schema):
+            wrapped = torch._C._dispatch_has_kernel_for_dispatch_key(f"sgl_kernel::{name}", "ADInplaceOrView")
+            assert not wrapped, f"sgl_kernel::{name} is registered with custom_op"
+            checked.append(name)
+    assert "fused_sigmoid_gating_delta_rule_update_cpu" in checked

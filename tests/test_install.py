@@ -103,9 +103,21 @@ def test_editable_install_serves_on_cpu_when_the_script_sets_the_engine(fresh_ve
     assert got["spec"] == got["plain"] and len(got["plain"]) == 12
 
 
-def test_wheel_carries_the_pth(tmp_path):
+def test_wheel_carries_the_pth_and_admits_what_sglang_admits(tmp_path):
+    from importlib.metadata import metadata
+
+    from packaging.specifiers import SpecifierSet
+
     _pip(sys.executable, "wheel", "--no-deps", "-w", str(tmp_path), ".")
     (wheel,) = tmp_path.glob("sglang_dflash-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert PTH in names  # at the top of site-packages, not inside the package
     assert "sglang_dflash/cpu/bootstrap.py" in names
+    ours = SpecifierSet(
+        next(line.split(":", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Python"))
+    )
+    # SGLang 0.5.23 ships cp312 wheels, and the GPU serving kit runs on Python 3.12.
+    assert {"3.11", "3.12", "3.13"} <= set(ours.filter(["3.10", "3.11", "3.12", "3.13"]))
+    assert ours == SpecifierSet(metadata("sglang")["Requires-Python"])

@@ -161,10 +161,21 @@ def fused_gdn_gating_cpu(
     return g[None].contiguous(), beta[None].contiguous()
 
 
-@torch.library.custom_op(
-    "sgl_kernel::fused_sigmoid_gating_delta_rule_update_cpu",
-    mutates_args=("initial_state_source", "intermediate_states_buffer"),
+# Defined from a schema rather than with `torch.library.custom_op`: in torch 2.11, custom_op's
+# mutation bookkeeping indexes `args[i]` for every mutated argument, and fails with IndexError
+# when a defaulted one is omitted, as SGLang's decode omits `intermediate_states_buffer`
+# (later torch checks the index). A plain CPU kernel has no such bookkeeping.
+_LIB = torch.library.Library("sgl_kernel", "FRAGMENT")
+_LIB.define(
+    "fused_sigmoid_gating_delta_rule_update_cpu(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, "
+    "Tensor v, Tensor a, Tensor b, Tensor(a!) initial_state_source, Tensor initial_state_indices, "
+    "Tensor cu_seqlens, bool use_qk_l2norm_in_kernel=True, float softplus_beta=1.0, "
+    "float softplus_threshold=20.0, bool is_kda=False, bool disable_state_update=False, "
+    "Tensor(b!)? intermediate_states_buffer=None, Tensor? intermediate_state_indices=None, "
+    "int? cache_steps=None, Tensor? retrieve_parent_token=None) -> Tensor"
 )
+
+
 def fused_sigmoid_gating_delta_rule_update_cpu(
     A_log: torch.Tensor,
     dt_bias: torch.Tensor,
@@ -211,6 +222,9 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         last = states[torch.arange(len(rows)), valid.sum(1).clamp(min=1) - 1]
         initial_state_source[rows[keep]] = last[keep].to(initial_state_source.dtype)
     return out
+
+
+_LIB.impl("fused_sigmoid_gating_delta_rule_update_cpu", fused_sigmoid_gating_delta_rule_update_cpu, "CPU")
 
 
 @torch.library.custom_op("sgl_kernel::fused_rmsnorm_gated_cpu", mutates_args=())
