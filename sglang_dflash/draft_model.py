@@ -238,9 +238,16 @@ class DFlashDraftModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         tp: TensorParallel = TensorParallel(),
+        init_weights: Optional[Callable[[nn.Module], None]] = None,
     ) -> "DFlashDraftModel":
+        """The draft from `path`'s safetensors; with `init_weights`, from nothing but the config:
+        `init_weights(model)` fills the weights (SGLang's dummy loader, for benchmarks)."""
         with torch.device("meta"):
             model = cls(config, num_target_features, tp)
+        if init_weights is not None:
+            model = model.to_empty(device=device).to(dtype=dtype)
+            init_weights(model)
+            return model.eval()
         state = _read_safetensors(path)
         model.load_checkpoint_state(state)
         return model.to(device=device, dtype=dtype).eval()

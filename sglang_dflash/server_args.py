@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Optional
 
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
 
@@ -109,6 +110,13 @@ def _check_draft_window(window, sink, block_size: int) -> None:
         )
 
 
+def draft_load_format(speculative_draft_load_format: Optional[str], load_format: str) -> str:
+    """The draft's load format, resolved as SGLang resolves its built-in draft's:
+    --speculative-draft-load-format, else --load-format. "dummy" builds random weights from the
+    draft's config.json alone (benchmarks), as for the target."""
+    return speculative_draft_load_format or load_format
+
+
 def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     """The pairing checks that need the target's config and model class, and the draft's
     weights against the network its config and the target describe."""
@@ -128,7 +136,10 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
         vocab_size=int(text.vocab_size),
         num_layers=int(text.num_hidden_layers),
     )
-    DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
+    if (
+        draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) != "dummy"
+    ):  # dummy: random weights, config.json alone
+        DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
     if draft.num_target_layers is not None and draft.num_target_layers != text.num_hidden_layers:
         logger.warning(
             "DFLASH draft was trained for a %d-layer target; this target has %d layers",

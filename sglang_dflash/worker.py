@@ -37,7 +37,8 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+from sglang.srt.runtime_context import get_model, get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -52,6 +53,7 @@ from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
+from sglang_dflash.server_args import draft_load_format
 from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.target_features import FeatureLayout
 from sglang_dflash.target_head import TargetHead
@@ -177,8 +179,15 @@ class DFlashWorker(BaseSpecWorker):
         # --speculative-draft-window-size: the draft sees only the last W committed tokens.
         self.context_window = spec.speculative_draft_window_size
 
+        load_format = draft_load_format(spec.speculative_draft_load_format, get_model().load_format)
         self.draft_model = DFlashDraftModel.from_pretrained(
-            path, self.config, len(layer_ids), dtype=runner.dtype, device=self.device, tp=self.tp
+            path,
+            self.config,
+            len(layer_ids),
+            dtype=runner.dtype,
+            device=self.device,
+            tp=self.tp,
+            init_weights=initialize_dummy_weights if load_format == "dummy" else None,
         )
         # The draft's forward: fused kernels on CUDA where they apply, else the module's maths.
         self.draft_forward, forward_choice = self._choose_forward(int(runner.model_config.context_len))
