@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean gpu-check
+.PHONY: demo test install lint clean gpu-check gpu-serve-check
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ test: install lint
 # On a GPU machine with PyTorch and nvcc, no SGLang needed (README, "Checking the GPU path").
 gpu-check:
 	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) bash scripts/gpu_check.sh
+
+# SGLang and our DFLASH served on such a machine, from the archive that
+# `python scripts/gpu_bundle.py --serve` builds where pip works (README, "Serving on a GPU").
+# STEPS="lossless race-baseline race-3 race-6.5" by default; finished steps are skipped.
+gpu-serve-check:
+	BUNDLE=$(or $(BUNDLE),.gpu-bundle/serve) bash scripts/gpu_serve_check.sh
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so

@@ -11,10 +11,11 @@
 # holding `pytest.mark.gpu` tests (tests/test_gpu_kit.py checks the list); they import without
 # SGLang.
 set -uo pipefail
-PY=${PYTHON:-python3}
+# shellcheck source=scripts/gpu_lib.sh
+source "$(dirname "$0")/gpu_lib.sh"
 BUNDLE=${BUNDLE:-.gpu-bundle/wheels}
 SITE=${GPU_SITE:-$PWD/.gpu-bundle/site}  # git-ignored
-GPU_TESTS="tests/test_draft_step.py tests/test_flashinfer_attention.py tests/test_fused_forward.py tests/test_ops.py tests/test_sampling.py"
+GPU_TESTS="tests/test_draft_step.py tests/test_flashinfer_attention.py tests/test_fused_forward.py tests/test_ops.py tests/test_sampling.py tests/test_sgl_kernel_standin.py"
 
 if ! $PY -c "import flashinfer" 2>/dev/null; then
   if ! ls "$BUNDLE"/*.whl >/dev/null 2>&1; then
@@ -28,36 +29,9 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 $PY -c "import torch; print('== torch', torch.__version__, 'on', torch.cuda.get_device_name())" || exit 1
 
-# FlashInfer's JIT norm module (the fused draft layers) includes cublasLt.h and curand_kernel.h,
-# which a CUDA toolkit without cuBLAS and cuRAND lacks; PyTorch's CUDA wheels carry them
-# (nvidia/cu*/include). CPATH is searched after nvcc's own -I, so the toolkit's headers still win.
-if ! echo '#include <cublasLt.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
-  WHEEL_INCLUDE=$($PY -c "import glob, os, nvidia; print(next(iter(sorted(os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + '/*/include/cublasLt.h'))), ''))" 2>/dev/null)
-  if [ -n "$WHEEL_INCLUDE" ]; then
-    export CPATH="${CPATH:+$CPATH:}$WHEEL_INCLUDE"
-    echo "== CUDA library headers for FlashInfer's JIT from $WHEEL_INCLUDE"
-  fi
-fi
+cuda_library_headers
 
-SUMMARY=()
-FAILED=0
-step() {  # step NAME COMMAND...: run it, record pass/fail, go on either way
-  local name=$1
-  shift
-  echo
-  echo "== $name: $*"
-  local start=$SECONDS
-  if "$@"; then
-    SUMMARY+=("ok     $name ($((SECONDS - start)) s)")
-  else
-    SUMMARY+=("FAILED $name (exit $?, $((SECONDS - start)) s)")
-    FAILED=1
-  fi
-}
-
-step "build sglang_dflash._C with $(command -v nvcc)" env SGLANG_DFLASH_BUILD_CUDA=1 \
-  SGLANG_DFLASH_CUDA_ARCHS="${SGLANG_DFLASH_CUDA_ARCHS:-90}" MAX_JOBS="${MAX_JOBS:-8}" \
-  $PY setup.py -q build_ext --inplace
+build_extension
 # shellcheck disable=SC2086
 step "pytest -m gpu" env SGLANG_DFLASH_BUILD_CUDA=1 $PY -m pytest -m gpu -q -p no:cacheprovider $GPU_TESTS
 step "bench_draft_step" $PY scripts/bench_draft_step.py
@@ -67,7 +41,5 @@ step "bench_sampling_memory 64 rows" $PY scripts/bench_sampling_memory.py --devi
 # More rows than one chunk (73 at the default budget), so the chunked draw is measured too.
 step "bench_sampling_memory 512 rows" $PY scripts/bench_sampling_memory.py --device cuda --rows 512
 
-echo
-echo "== summary"
-printf '%s\n' "${SUMMARY[@]}"
+summary
 exit $FAILED

@@ -73,7 +73,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     load = p.add_argument_group("load")
     load.add_argument("--endpoint", choices=["generate", "chat"], default="generate")
     load.add_argument(
-        "--dataset", choices=["synthetic", "code", "jsonl", "gsm8k", "mt-bench"], default="synthetic"
+        "--dataset",
+        choices=["synthetic", "code", "random-ids", "jsonl", "gsm8k", "mt-bench"],
+        default="synthetic",
+    )
+    load.add_argument(
+        "--input-len",
+        type=int,
+        default=256,
+        help="random-ids: prompt length in tokens (--skip-tokenizer-init)",
     )
     load.add_argument("--dataset-path", help="JSONL file for jsonl / gsm8k / mt-bench")
     load.add_argument("--num-prompts", type=int, help="use only the first N prompts")
@@ -118,6 +126,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give either --url or --configs/--compare")
     if args.configs and any(c not in server.CONFIGS for c in args.configs.split(",")):
         p.error(f"--configs: choose from {', '.join(server.CONFIGS)}")
+    if args.dataset == "random-ids" and args.endpoint == "chat":
+        p.error("--dataset random-ids sends token ids: use --endpoint generate")
     if args.rounds < 1 or (args.rounds > 1 and args.url):
         p.error("--rounds: R >= 1, and above 1 only for the servers this script starts (--configs/--compare)")
     return args
@@ -142,6 +152,10 @@ def payload_fn(args, url: str, prompts: list):
         messages = [p.as_messages() for p in prompts]
         return lambda i: client.chat_payload(
             messages[i % len(messages)], sampling_params(args, i), args.model
+        )
+    if prompts[0].input_ids is not None:
+        return lambda i: client.generate_payload(
+            None, sampling_params(args, i), input_ids=prompts[i % len(prompts)].input_ids
         )
     template = None
     if any(p.text is None for p in prompts):
@@ -267,7 +281,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.no_plots:
         report.require_plotting()  # before any work: the plots come last
-    prompts = prompt_sources.load(args.dataset, args.dataset_path, args.num_prompts)
+    prompts = prompt_sources.load(args.dataset, args.dataset_path, args.num_prompts, args.input_len)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.output_dir or os.path.join("load_test_results", stamp)
     os.makedirs(out_dir, exist_ok=True)

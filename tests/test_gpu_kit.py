@@ -1,5 +1,7 @@
-"""The GPU check kit (`make gpu-check`, scripts/gpu_check.sh, scripts/gpu_bundle.py): what it
-needs from a GPU machine that has PyTorch and no SGLang, checked here on CPU."""
+"""The GPU kits, checked here on CPU: `make gpu-check` (scripts/gpu_check.sh) needs only PyTorch
+and FlashInfer there; `make gpu-serve-check` (scripts/gpu_serve_check.sh) brings SGLang in one
+archive (scripts/gpu_bundle.py --serve) that must hold everything SGLang imports that the GPU
+machine lacks, and must fit one device call with the checkout."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from scripts import gpu_bundle
+from tests import gpu_machine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -82,5 +87,133 @@ def test_the_bundle_keeps_what_the_draft_attention_compiles():
     assert keep("flashinfer_python-0.7.2.dist-info/METADATA")
     assert not keep("flashinfer/data/csrc/fused_moe/cutlass_kernels/moe.cu")
     assert not keep("flashinfer/data/cutlass/include/cutlass/cutlass.h")
+    # The serve bundle keeps CUTLASS's headers, which FlashInfer's sm90 kernels include.
+    assert keep("flashinfer/data/cutlass/include/cutlass/arch/reg_reconfig.h", cutlass_headers=True)
+    assert keep(
+        "flashinfer/data/cutlass/tools/util/include/cutlass/util/packed_stride.hpp", cutlass_headers=True
+    )
+    assert not keep("flashinfer/data/cutlass/examples/00_basic_gemm/basic_gemm.cu", cutlass_headers=True)
     assert not keep("flashinfer/data/cccl/python/cuda_cccl/__init__.py")
     assert not keep("flashinfer/experimental/kernels/x.cu")
+
+
+# ---- make gpu-serve-check: the serve bundle -----------------------------------------------
+
+
+def test_the_serve_bundle_leaves_out_sglangs_rust_extensions_and_what_serving_never_imports():
+    keep = gpu_bundle.keep_sglang
+    assert keep("sglang/srt/mem_cache/radix_cache.py")
+    assert keep("sglang/srt/layers/attention/flashinfer_backend.py")
+    assert keep("sglang/srt/mem_cache/rust_tree_core/__init__.py")  # its Python fallback stays
+    assert not keep("sglang/srt/mem_cache/rust_tree_core/mem_cache.cpython-312-x86_64-linux-gnu.so")
+    assert not keep("sglang/srt/rust_extensions/_server.cpython-312-x86_64-linux-gnu.so")
+    for folder in ("multimodal_gen/runtime/x.py", "test/test_utils.py", "benchmark/x.py"):
+        assert not keep("sglang/" + folder)
+
+
+def test_record_rows_quote_file_names_with_commas():
+    import csv
+
+    row = gpu_bundle.record_line("a/E=256,N=64,device_name=H200.json", b"{}")
+    name, digest, size = next(csv.reader([row]))
+    assert name == "a/E=256,N=64,device_name=H200.json" and digest.startswith("sha256=") and size == "2"
+
+
+def test_every_requirement_of_sglang_travels_is_on_the_gpu_machine_or_is_left_out_with_a_reason():
+    assert gpu_bundle.unaccounted_requirements("sglang", gpu_bundle.installed_requirements) == {}
+    # ... and the walk reports one that is none of these, naming who requires it.
+    graph = {"sglang": ["fastapi", "torch", "sglang-kernel"], "fastapi": ["new-thing"]}
+    missing = gpu_bundle.unaccounted_requirements("sglang", lambda name: graph.get(name, []))
+    assert missing == {"new-thing": "fastapi"}
+
+
+SERVING_MODULES = (
+    "sglang",
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.engine",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.models.qwen3",
+    "sglang.srt.models.llama",
+    "sglang.srt.layers.attention.flashinfer_backend",
+    "sglang.srt.speculative.dflash_worker_v2",
+    "sglang.srt.constrained.xgrammar_backend",
+    "sglang_dflash.plugin",
+    "sglang_dflash.worker",
+)
+
+
+def test_sglangs_serving_modules_import_with_what_the_gpu_machine_has_and_the_bundle_brings(tmp_path):
+    """E.g. `import sglang` imports IPython, and SGLang's configs import dill: neither is on the
+    GPU machine. Taking either out of SERVE_DEPS fails this with its ModuleNotFoundError."""
+    hidden = "import importlib.util; assert importlib.util.find_spec('outlines') is None\n"  # the view works
+    code = hidden + "".join(f"import {m}\n" for m in SERVING_MODULES)
+    result = gpu_machine.run(gpu_machine.python(tmp_path), code, kit=False, standin=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _bundle(
+    tmp_path: pathlib.Path, python_version: str = "{}.{}".format(*sys.version_info[:2])
+) -> pathlib.Path:
+    """A serve bundle as scripts/gpu_bundle.py lays it out, holding one module."""
+    import json
+    import tarfile
+
+    from scripts.gpu_serve import unpack
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "kit_probe.py").write_text("VALUE = 7\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "site", arcname="site")
+    archive = dict(file="site.tar.xz", sha256=unpack.sha256(str(bundle / "site.tar.xz")), bytes=1)
+    wheels = [dict(name="kit-probe", version="1.0")]
+    manifest = dict(python_version=python_version, archive=archive, wheels=wheels)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    return bundle
+
+
+def test_the_bundle_unpacks_once_and_is_checked_against_its_manifest(tmp_path):
+    from scripts.gpu_serve import unpack
+
+    bundle = _bundle(tmp_path)
+    site = unpack.unpack(str(bundle), str(tmp_path / "state"))
+    assert (pathlib.Path(site) / "kit_probe.py").read_text() == "VALUE = 7\n"
+    (pathlib.Path(site) / "kit_probe.py").write_text("edited")
+    unpack.unpack(str(bundle), str(tmp_path / "state"))  # the marker matches: left as it is
+    assert (pathlib.Path(site) / "kit_probe.py").read_text() == "edited"
+    with open(bundle / "site.tar.xz", "ab") as f:
+        f.write(b"tampered")
+    with pytest.raises(SystemExit, match="sha256"):
+        unpack.unpack(str(bundle), str(tmp_path / "state"))
+
+
+def test_a_bundle_for_another_python_is_refused(tmp_path):
+    from scripts.gpu_serve import unpack
+
+    with pytest.raises(SystemExit, match="bundle is for Python 3.99"):
+        unpack.unpack(str(_bundle(tmp_path, "3.99")), str(tmp_path / "state"))
+
+
+def test_the_built_serve_bundle_fits_one_call_with_the_checkout():
+    """Checks the bundle `python scripts/gpu_bundle.py --serve` left here, if any (building it
+    downloads ~110 MiB, so the suite does not)."""
+    import json
+
+    manifest = ROOT / ".gpu-bundle" / "serve" / "manifest.json"
+    if not manifest.is_file():
+        pytest.skip("no serve bundle built here (python scripts/gpu_bundle.py --serve)")
+    data = json.loads(manifest.read_text())
+    archive = manifest.parent / data["archive"]["file"]
+    assert archive.stat().st_size == data["archive"]["bytes"]
+    assert {w["name"] for w in data["wheels"]} == {
+        "sglang",
+        "flashinfer-python",
+        "apache-tvm-ffi",
+        *gpu_bundle.SERVE_DEPS,
+    }
+    assert data["archive"]["bytes"] + gpu_bundle.checkout_bytes(str(ROOT)) <= gpu_bundle.CALL_LIMIT

@@ -37,8 +37,12 @@ async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
             yield json.loads(data)
 
 
-def generate_payload(prompt_text: str, sampling: dict, rid: Optional[str] = None) -> dict:
-    payload = {"text": prompt_text, "sampling_params": dict(sampling), "stream": True}
+def generate_payload(
+    prompt_text: Optional[str], sampling: dict, rid: Optional[str] = None, input_ids: Optional[list] = None
+) -> dict:
+    """A streamed native /generate request, from text or (`input_ids`) token ids."""
+    prompt = {"text": prompt_text} if input_ids is None else {"input_ids": list(input_ids)}
+    payload = {**prompt, "sampling_params": dict(sampling), "stream": True}
     if rid is not None:
         payload["rid"] = rid
     return payload

@@ -1,6 +1,7 @@
 """Prompt sources for the load test: a built-in synthetic set, or files the user supplies.
 
 * `synthetic`: a fixed set of short chat/code/math prompts (no download, deterministic).
+* `random-ids`: seeded random token ids, for servers without a tokenizer (--skip-tokenizer-init).
 * `code`: the shipped tiny pair's completion prompts (Python standard-library code held out of
   its training; `sglang_dflash.assets.tiny_pair_prompts`), the text that pair is good at.
 * `jsonl`: one JSON object per line with `prompt` (a string) or `messages` (an OpenAI chat list).
@@ -52,6 +53,7 @@ class Prompt:
 
     text: Optional[str] = None
     messages: Optional[list] = None
+    input_ids: Optional[list] = None  # token ids, for servers without a tokenizer
 
     def as_messages(self) -> list:
         return self.messages if self.messages is not None else [{"role": "user", "content": self.text}]
@@ -107,9 +109,21 @@ def load_file(path: str, kind: str = "jsonl") -> list[Prompt]:
     return prompts
 
 
-def load(dataset: str, path: Optional[str] = None, limit: Optional[int] = None) -> list[Prompt]:
+def random_ids(n: int = 64, length: int = 256, vocab_size: int = 1000, seed: int = 0) -> list[Prompt]:
+    """`n` prompts of `length` seeded random token ids in [10, vocab_size): for a server started
+    with --skip-tokenizer-init, such as one serving --load-format dummy weights. Ids below 1000
+    are valid in any model's vocabulary."""
+    rng = random.Random(seed)
+    return [Prompt(input_ids=[rng.randrange(10, vocab_size) for _ in range(length)]) for _ in range(n)]
+
+
+def load(
+    dataset: str, path: Optional[str] = None, limit: Optional[int] = None, input_len: int = 256
+) -> list[Prompt]:
     if dataset == "synthetic":
         prompts = synthetic()
+    elif dataset == "random-ids":
+        prompts = random_ids(length=input_len)
     elif dataset == "code":
         from sglang_dflash.assets import tiny_pair_prompts
 

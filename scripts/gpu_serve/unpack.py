@@ -1,0 +1,67 @@
+"""Install the serve bundle (`scripts/gpu_bundle.py --serve`) on the GPU machine: check the
+archive against its manifest, then unpack it into a site folder, once.
+
+    python -m scripts.gpu_serve.unpack BUNDLE_DIR SITE_PARENT
+
+Leaves SITE_PARENT/site with a `.bundle-sha256` marker; run again with the same archive, it
+does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import time
+
+MARKER = ".bundle-sha256"
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check(bundle: str) -> dict:
+    """The manifest, once the archive matches it; SystemExit naming the mismatch otherwise."""
+    with open(os.path.join(bundle, "manifest.json")) as f:
+        manifest = json.load(f)
+    archive = os.path.join(bundle, manifest["archive"]["file"])
+    if not os.path.isfile(archive):
+        raise SystemExit(f"{archive} is missing: carry the whole bundle folder")
+    got = sha256(archive)
+    if got != manifest["archive"]["sha256"]:
+        raise SystemExit(f"{archive}: sha256 {got}, the manifest says {manifest['archive']['sha256']}")
+    python = "{}.{}".format(*sys.version_info[:2])
+    if python != manifest["python_version"]:
+        raise SystemExit(f"the bundle is for Python {manifest['python_version']}, this is {python}")
+    return manifest
+
+
+def unpack(bundle: str, parent: str) -> str:
+    manifest = check(bundle)
+    site = os.path.join(parent, "site")
+    marker = os.path.join(site, MARKER)
+    if os.path.isfile(marker) and open(marker).read() == manifest["archive"]["sha256"]:
+        print(f"{site}: already holds this bundle")
+        return site
+    shutil.rmtree(site, ignore_errors=True)
+    os.makedirs(parent, exist_ok=True)
+    start = time.perf_counter()
+    with tarfile.open(os.path.join(bundle, manifest["archive"]["file"])) as tar:
+        tar.extractall(parent, filter="data")
+    with open(marker, "w") as f:
+        f.write(manifest["archive"]["sha256"])
+    names = ", ".join(f"{w['name']} {w['version']}" for w in manifest["wheels"][:3])
+    print(f"{site}: {len(manifest['wheels'])} packages ({names}, ...) in {time.perf_counter() - start:.0f} s")
+    return site
+
+
+if __name__ == "__main__":
+    unpack(*sys.argv[1:3])
