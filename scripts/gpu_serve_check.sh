@@ -14,11 +14,12 @@
 #   race-baseline   a Qwen3-8B-shaped target, dummy weights, no speculation
 #   race-<acc>      the same with its DFlash-shaped draft (5 layers, block 16) and
 #                   SGLANG_SIMULATE_ACC_LEN=<acc>: our DFLASH, then SGLang's built-in
-# Every step runs even when an earlier one fails; then the report ($RESULTS/gpu-serve-report.md)
-# and one archive of the logs and results ($RESULTS/gpu-serve-results.tar.gz).
+# Every step runs even when an earlier one fails. After each: the report
+# ($RESULTS/gpu-serve-report.md) and one archive of the results and server logs
+# ($RESULTS/gpu-serve-results.tar.gz); the whole log is $RESULTS/gpu-serve-check.log.
 #
-# The device tool allows 10 minutes a command: run the steps over several calls while the
-# machine stays warm, e.g. STEPS="lossless race-baseline", then STEPS=race-3, then STEPS=race-6.5.
+# The device tool allows 10 minutes a command: run one step a call while the machine stays
+# warm: STEPS=lossless, then race-baseline, race-3, race-6.5.
 #
 # What the kit changes, all of it logged: SGLang's Python radix tree (its Rust one is built for
 # torch 2.14), no sgl-kernel version check, the labelled sgl_kernel stand-in
@@ -34,11 +35,22 @@ RESULTS=${RESULTS:-${OUT:-$STATE/results}}  # $OUT: what the device tool brings 
 RACE_CONCURRENCY=${RACE_CONCURRENCY:-1,8,32}
 RACE_SECONDS=${RACE_SECONDS:-20}  # measured seconds per concurrency level
 mkdir -p "$STATE/done" "$RESULTS"
-exec > >(tee -a "$STATE/gpu-serve-check.log") 2>&1
+# The log goes straight into $RESULTS too: a call stopped at the device tool's limit still
+# brings back what ran.
+exec > >(tee -a "$STATE/gpu-serve-check.log" "$RESULTS/gpu-serve-check.log") 2>&1
+
+passed() { [ "${SUMMARY[-1]:0:2}" = ok ]; }  # the last step passed
+
+outputs() {  # the report and the results archive in $RESULTS, after every step
+  $PY -m scripts.gpu_serve.report "$STATE" > "$RESULTS/gpu-serve-report.md" || FAILED=1
+  # shellcheck disable=SC2046
+  tar czf "$RESULTS/gpu-serve-results.tar.gz" -C "$STATE" --exclude='*.csv' \
+    $(cd "$STATE" && ls -d lossless.json race-* 2>/dev/null) "$(basename "$STATE/done")" || FAILED=1
+}
 
 require() {  # require NAME COMMAND...: a prerequisite; stop here if it fails
   step "$@"
-  if [ $FAILED -ne 0 ]; then
+  if ! passed; then
     summary
     exit 1
   fi
@@ -55,7 +67,9 @@ finished() {  # finished NAME: true (and noted) when an earlier run finished thi
 run_step() {  # run_step NAME COMMAND...: a step that leaves a marker when it passes
   local name=$1
   finished "$name" && return 0
-  step "$@" && [ "${SUMMARY[-1]:0:2}" = ok ] && touch "$STATE/done/$name"
+  step "$@"
+  passed && touch "$STATE/done/$name"
+  outputs
 }
 
 require "unpack the serve bundle" $PY -m scripts.gpu_serve.unpack "$BUNDLE" "$STATE"
@@ -66,11 +80,16 @@ export FLASHINFER_WORKSPACE_BASE="$STATE" MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUF
 require "torch and the GPU" $PY -c "import torch; print('torch', torch.__version__, 'on', torch.cuda.get_device_name())"
 cuda_library_headers
 if ! finished build-extension; then
-  build_extension
-  [ "${SUMMARY[-1]:0:2}" = ok ] && touch "$STATE/done/build-extension"
+  build_extension  # if it fails, our DFLASH runs its PyTorch path and says so at start-up
+  passed && touch "$STATE/done/build-extension"
 fi
 require "models" $PY -m scripts.gpu_serve.models "$STATE/models"
-require "import SGLang" $PY -c "import sgl_kernel, sglang, flashinfer; from sglang.srt.entrypoints.engine import Engine; print('sglang', sglang.__version__, 'flashinfer', flashinfer.__version__)"
+require "import SGLang, find the plugin" $PY -c "import sgl_kernel, sglang, flashinfer
+from importlib.metadata import entry_points
+from sglang.srt.entrypoints.engine import Engine
+plugins = [e.value for e in entry_points(group='sglang.srt.plugins')]
+assert 'sglang_dflash.plugin:register' in plugins, plugins
+print('sglang', sglang.__version__, 'flashinfer', flashinfer.__version__, 'plugins', plugins)"
 
 M=$STATE/models
 RACE_ARGS=(--target "$M/qwen3-8b" --draft "$M/qwen3-8b-dflash" --num-draft-tokens 16 --device cuda
@@ -99,7 +118,7 @@ for s in $STEPS; do
   esac
 done
 
-$PY -m scripts.gpu_serve.report "$STATE" > "$RESULTS/gpu-serve-report.md" && cat "$RESULTS/gpu-serve-report.md"
+outputs
+cat "$RESULTS/gpu-serve-report.md"
 summary
-(cd "$STATE" && tar czf "$RESULTS/gpu-serve-results.tar.gz" --exclude='*.csv' gpu-serve-check.log $(ls -d lossless.json race-* 2>/dev/null))
 exit $FAILED

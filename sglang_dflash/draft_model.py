@@ -245,7 +245,7 @@ class DFlashDraftModel(nn.Module):
         with torch.device("meta"):
             model = cls(config, num_target_features, tp)
         if init_weights is not None:
-            model = model.to_empty(device=device).to(dtype=dtype)
+            model = model.to(dtype=dtype).to_empty(device=device)  # cast on meta: no fp32 copy
             init_weights(model)
             return model.eval()
         state = _read_safetensors(path)

@@ -46,15 +46,15 @@ def python(root: pathlib.Path) -> str:
 
 
 def run(
-    python_path: str, code: str, *, kit: bool = True, standin: bool = True, extra_path=()
+    python_path: str, code: str, *, kit: bool = True, standin: bool = True, extra_path=(), cwd=None
 ) -> subprocess.CompletedProcess:
-    """`code` in that Python, from the checkout's root, with the kit's stand-in folder first on
-    PYTHONPATH and (`kit`) the kit's opt-ins set; SGLang's CPU-engine switch is left out."""
+    """`code` in that Python, from the checkout's root (or `cwd`), with the kit's stand-in folder
+    first on PYTHONPATH and (`kit`) the kit's opt-ins set; SGLang's CPU-engine switch is left out."""
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     env["PYTHONPATH"] = os.pathsep.join([*([str(STANDIN)] if standin else []), *map(str, extra_path)])
     if kit:
         env.update(SGLANG_DFLASH_SGL_KERNEL_STANDIN="1", SGLANG_DFLASH_GPU_KIT="1")
-    root = STANDIN.parents[2]
-    return subprocess.run([python_path, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+    cwd = cwd or STANDIN.parents[2]
+    return subprocess.run([python_path, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)

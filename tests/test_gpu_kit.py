@@ -5,6 +5,7 @@ machine lacks, and must fit one device call with the checkout."""
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 import subprocess
@@ -217,3 +218,43 @@ def test_the_built_serve_bundle_fits_one_call_with_the_checkout():
         *gpu_bundle.SERVE_DEPS,
     }
     assert data["archive"]["bytes"] + gpu_bundle.checkout_bytes(str(ROOT)) <= gpu_bundle.CALL_LIMIT
+
+
+def test_the_checkout_is_registered_for_sglangs_plugin_discovery(tmp_path):
+    """On the GPU machine the package is imported from the checkout (PYTHONPATH), which carries no
+    metadata: without the dist-info the kit writes, SGLang would not find the plugin and would
+    serve DFLASH with its built-in worker."""
+    from scripts.gpu_serve import unpack
+
+    view = gpu_machine.python(tmp_path / "view")
+    code = "from importlib.metadata import entry_points\n"
+    code += "print(sorted(e.value for e in entry_points(group='sglang.srt.plugins')))\n"
+    site = tmp_path / "site"
+    site.mkdir()
+    # From elsewhere: a checkout where `pip install .` ran holds an egg-info, which the device
+    # tool does not carry (git-ignored).
+    run = functools.partial(
+        gpu_machine.run, view, code, kit=False, standin=False, extra_path=[site], cwd=site
+    )
+    before = run()
+    unpack.register_checkout(str(site), str(ROOT))
+    after = run()
+    assert "sglang_dflash.plugin:register" not in before.stdout, before.stderr[-2000:]
+    assert "sglang_dflash.plugin:register" in after.stdout, after.stderr[-2000:]
+
+
+def test_the_report_reads_start_up_phases_from_server_logs():
+    from scripts.gpu_serve import report
+
+    log = """[2026-11-25 12:00:00] server_args=ServerArgs(...)
+[2026-11-25 12:00:40 TP0] Capture decode cuda graph end. bs=[1, 2, 4], elapsed=33.10 s, mem usage=0.40 GB.
+[2026-11-25 12:00:41 TP0] DFLASH warm-up (injection, flashinfer draft attention, LM head): 0.2 s
+[2026-11-25 12:00:45 TP0] DFLASH draft step: CUDA graphs for batch sizes [1, 2, 4] (0.12 GB, 3.5 s; ...
+[2026-11-25 12:01:30] The server is fired up and ready to roll!
+"""
+    assert report.startup(log) == {
+        "capture decode cuda graph": 33.1,
+        "capture draft step (sglang-dflash)": 3.5,
+        "warm-up (sglang-dflash)": 0.2,
+        "log start to ready": 90.0,
+    }

@@ -192,7 +192,19 @@ def _close(a, b, tol=1e-4) -> bool:
     ["generate_logprobs", "completions_logprobs", "completions_stream", "chat_logprobs", "chat_stream"],
 )
 def test_logprobs(expected, got, query):
-    assert _close(got[query], expected[query]), query
+    if query == "chat_stream":
+        # SGLang's chat stream drops the logprobs of a step whose text delta is empty (an
+        # incomplete UTF-8 character held back; serving_chat.py, "an empty-delta step has no
+        # chunk to attach to"), and which steps those are depends on chunk timing, on either
+        # server. So the stream's entries are an in-order subset of the same server's
+        # non-streamed chat logprobs, which test_logprobs[chat_logprobs] compares with the
+        # plain engine's.
+        text, logprobs = got[query]
+        assert text == expected[query][0]
+        whole = iter(got["chat_logprobs"][1]["content"])
+        assert all(any(_close(entry, other) for other in whole) for entry in logprobs["content"])
+    else:
+        assert _close(got[query], expected[query]), query
     if query.endswith("_stream"):
         text, logprobs = got[query]
         assert text and all(logprobs.values()), logprobs  # the stream carried tokens and logprobs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 QWEN3_8B = {
@@ -75,10 +76,16 @@ def build(out: str) -> dict:
     paths = {
         name: os.path.join(out, name) for name in ("tiny-target", "tiny-draft", "qwen3-8b", "qwen3-8b-dflash")
     }
-    if not os.path.isdir(paths["tiny-target"]):
-        make_target(paths["tiny-target"], num_layers=4, tokenizer=False, **TINY)
-    if not os.path.isdir(paths["tiny-draft"]):
-        make_draft(paths["tiny-draft"], num_layers=2, block_size=16, num_target_layers=4, **TINY)
+    builds = {
+        "tiny-target": lambda path: make_target(path, num_layers=4, tokenizer=False, **TINY),
+        "tiny-draft": lambda path: make_draft(path, num_layers=2, block_size=16, num_target_layers=4, **TINY),
+    }
+    for name, make in builds.items():
+        if not os.path.isdir(paths[name]):  # built beside, then renamed: never half a model
+            partial = paths[name] + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            make(partial)
+            os.rename(partial, paths[name])
     write_config(paths["qwen3-8b"], QWEN3_8B)
     write_config(paths["qwen3-8b-dflash"], qwen3_8b_dflash())
     return paths

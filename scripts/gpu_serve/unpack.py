@@ -1,10 +1,10 @@
 """Install the serve bundle (`scripts/gpu_bundle.py --serve`) on the GPU machine: check the
 archive against its manifest, then unpack it into a site folder, once.
 
-    python -m scripts.gpu_serve.unpack BUNDLE_DIR SITE_PARENT
+    python -m scripts.gpu_serve.unpack BUNDLE_DIR SITE_PARENT     # from the checkout's root
 
-Leaves SITE_PARENT/site with a `.bundle-sha256` marker; run again with the same archive, it
-does nothing.
+Leaves SITE_PARENT/site with a `.bundle-sha256` marker (run again with the same archive, it
+unpacks nothing), and a dist-info there that declares this checkout's plugin entry point.
 """
 
 from __future__ import annotations
@@ -44,6 +44,28 @@ def check(bundle: str) -> dict:
     return manifest
 
 
+def register_checkout(site: str, root: str) -> str:
+    """Make the checkout at `root` (imported from PYTHONPATH) visible to SGLang's plugin discovery:
+    SGLang finds plugins through package metadata (`sglang.srt.plugins` entry points), which a
+    source tree on PYTHONPATH lacks. Writes a minimal dist-info for it into `site`, from
+    pyproject.toml's name, version and entry points."""
+    import tomllib
+
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    name, version = project["name"], project["version"]
+    info = os.path.join(site, f"{name.replace('-', '_')}-{version}.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        for group, entries in project.get("entry-points", {}).items():
+            f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n")
+    with open(os.path.join(info, "INSTALLER"), "w") as f:
+        f.write(f"sglang-dflash GPU kit: the checkout at {root}, on PYTHONPATH\n")
+    return info
+
+
 def unpack(bundle: str, parent: str) -> str:
     manifest = check(bundle)
     site = os.path.join(parent, "site")
@@ -64,4 +86,7 @@ def unpack(bundle: str, parent: str) -> str:
 
 
 if __name__ == "__main__":
-    unpack(*sys.argv[1:3])
+    site = unpack(*sys.argv[1:3])
+    print(
+        f"{register_checkout(site, os.getcwd())}: this checkout's entry points, for SGLang's plugin discovery"
+    )

@@ -74,9 +74,18 @@ class _Loader(importlib.abc.Loader):
             self.after(module)
 
 
+def cute_dsl_available() -> bool:
+    """Whether nvidia-cutlass-dsl's `cutlass.cute` imports (another top-level `cutlass`, such
+    as CUTLASS's Python package, does not count)."""
+    try:
+        return importlib.util.find_spec("cutlass.cute") is not None
+    except ImportError:
+        return False
+
+
 class KitFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == DUAL_GEMM and importlib.util.find_spec("cutlass") is None:
+        if name == DUAL_GEMM and not cute_dsl_available():
             _say(f"{DUAL_GEMM}: stand-in (nvidia-cutlass-dsl is not installed; no dual GEMM)")
             return importlib.machinery.ModuleSpec(name, _Loader(make=dual_gemm_standin))
         if name == FLASHINFER_BACKEND:

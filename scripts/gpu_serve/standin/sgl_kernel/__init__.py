@@ -29,10 +29,20 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def real_sgl_kernel_path():
-    """Where a real sgl_kernel would be imported from, were this stand-in not first; or None."""
+    """Where a real sgl_kernel would be imported from, were this stand-in not first (a folder
+    further down sys.path, or an installed distribution, editable installs included); or None."""
+    from importlib import metadata
+
     others = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sgl_kernel", others)
-    return None if spec is None else (spec.origin or str(spec.submodule_search_locations))
+    if spec is not None:
+        return spec.origin or str(spec.submodule_search_locations)
+    for name in ("sglang-kernel", "sgl-kernel"):
+        try:
+            return f"the {name} {metadata.version(name)} distribution"
+        except metadata.PackageNotFoundError:
+            pass
+    return None
 
 
 if os.environ.get(OPT_IN) != "1":
@@ -110,10 +120,17 @@ top_p_renorm_prob = top_p_renorm_probs
 
 
 def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
-    """Two attention partials [T, H, D] with their log-sum-exps [T, H] -> the merged pair."""
+    """Two attention partials [T, H, D] with their natural-log log-sum-exps [T, H] -> the merged
+    pair, as sgl-kernel's. FlashInfer's merge works in base 2, so the LSEs are scaled in and out."""
+    import math
+
     import torch
 
-    v, s = _flashinfer("cascade").merge_state(v_a, s_a.to(torch.float32), v_b, s_b.to(torch.float32))
+    to_base2 = 1 / math.log(2)
+    v, s = _flashinfer("cascade").merge_state(
+        v_a, s_a.to(torch.float32) * to_base2, v_b, s_b.to(torch.float32) * to_base2
+    )
+    s = s / to_base2
     if v_merged is not None:
         v_merged.copy_(v)
         v = v_merged
