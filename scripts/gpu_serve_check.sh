@@ -99,7 +99,9 @@ RACE_ARGS=(--target "$M/qwen3-8b" --draft "$M/qwen3-8b-dflash" --num-draft-token
 race() {  # race DIR CONFIG [--simulate-acc-len X]
   local dir=$1 config=$2
   shift 2
-  $PY scripts/load_test.py --configs "$config" "${RACE_ARGS[@]}" --output-dir "$STATE/$dir" "$@"
+  $PY scripts/load_test.py --configs "$config" "${RACE_ARGS[@]}" --output-dir "$STATE/$dir" "$@" || return 1
+  # Which machine measured it: the report compares only runs of one machine side by side.
+  echo "$(hostname) $(cat /proc/sys/kernel/random/boot_id) $(nvidia-smi -L 2>/dev/null | head -1)" > "$STATE/$dir/machine.txt"
 }
 
 for s in $STEPS; do

@@ -128,6 +128,14 @@ def main(state: str) -> None:
             "## Race (Qwen3-8B shape, dummy weights, SGLANG_SIMULATE_ACC_LEN; simulated, not real speedups)\n"
         )
         print(race_table(rows) + "\n")
+        machines = set()
+        for path in glob.glob(os.path.join(state, "race-*", "machine.txt")):
+            with open(path) as f:
+                machines.add(f.read().strip())
+        if len(machines) > 1:
+            print(f"**Measured on {len(machines)} different machines**: the ratios are not side by side.\n")
+        else:
+            print(f"Measured on one machine: {next(iter(machines), 'unknown')}.\n")
         failed = sum(r["failed"] for r in rows)
         if failed:
             print(f"{failed} request(s) failed or timed out: see the results.json files\n")
