@@ -42,6 +42,28 @@ def handle_dflash_server_args(server_args) -> None:
         ),
         (f"attn_cp_size={attn_cp_size}", attn_cp_size == 1, "context parallelism is not built here"),
         ("enable_watermark", not cfg.enable_watermark, "SGLang refuses it with DFLASH too"),
+        # The draft's K/V lives in this package's own store, which SGLang's KV transfer and
+        # offload do not carry: drafts would run without their context, and acceptance would
+        # drop without a word. Refused until the store is an SGLang KV pool.
+        (
+            f"disaggregation_mode={cfg.disaggregation_mode}",
+            cfg.disaggregation_mode == "null",
+            "prefill/decode disaggregation does not transfer this package's draft K/V, so the "
+            "decode engine would draft without the prompt's context",
+        ),
+        *(
+            (
+                flag,
+                not getattr(cfg, flag),
+                "it offloads and reloads the target's K/V but not this package's draft K/V, so "
+                "drafts after a reload would see stale context",
+            )
+            for flag in (
+                "enable_hierarchical_cache",
+                "enable_lmcache",
+                "disaggregation_decode_enable_offload_kvcache",
+            )
+        ),
     ):
         if not ok:
             raise ValueError(
