@@ -29,7 +29,8 @@ set -uo pipefail
 # shellcheck source=scripts/gpu_lib.sh
 source "$(dirname "$0")/gpu_lib.sh"
 BUNDLE=${BUNDLE:-.gpu-bundle/serve}
-STATE=${STATE:-/tmp/sglang-dflash-gpu-kit}  # survives between calls while the machine is held
+# Git-ignored and not carried, so it survives between device calls while the machine is held.
+STATE=${STATE:-$PWD/.gpu-bundle/state}
 STEPS=${STEPS:-lossless race-baseline race-3 race-6.5}
 RESULTS=${RESULTS:-${OUT:-$STATE/results}}  # $OUT: what the device tool brings back
 RACE_CONCURRENCY=${RACE_CONCURRENCY:-1,8,32}

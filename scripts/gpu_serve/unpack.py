@@ -9,7 +9,6 @@ unpacks nothing), and a dist-info there that declares this checkout's plugin ent
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,15 +16,9 @@ import sys
 import tarfile
 import time
 
+from scripts.gpu_bundle import sha256
+
 MARKER = ".bundle-sha256"
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check(bundle: str) -> dict:
