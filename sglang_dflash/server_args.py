@@ -158,9 +158,8 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
         vocab_size=int(text.vocab_size),
         num_layers=int(text.num_hidden_layers),
     )
-    if (
-        draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) != "dummy"
-    ):  # dummy: random weights, config.json alone
+    dummy = draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) == "dummy"
+    if not dummy:  # dummy weights come from config.json alone: no weights to check
         DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
     if draft.num_target_layers is not None and draft.num_target_layers != text.num_hidden_layers:
         logger.warning(
