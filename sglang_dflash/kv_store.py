@@ -13,6 +13,9 @@ Its dtype is the draft KV dtype SGLang resolves and budgets for (`resolve_draft_
 `--kv-cache-dtype fp8_e4m3` (or `--speculative-draft-kv-cache-dtype`) stores fp8: writes cast
 with scale 1, as SGLang's own pools do for a layer without checkpoint KV scales (DFlash drafts
 ship none), and readers upcast to the query dtype.
+
+SGLang's own machinery reads the store through `draft_pool.DraftKVPool`, an SGLang KV pool
+over the same memory.
 """
 
 from __future__ import annotations

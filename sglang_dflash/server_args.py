@@ -42,15 +42,9 @@ def handle_dflash_server_args(server_args) -> None:
         ),
         (f"attn_cp_size={attn_cp_size}", attn_cp_size == 1, "context parallelism is not built here"),
         ("enable_watermark", not cfg.enable_watermark, "SGLang refuses it with DFLASH too"),
-        # The draft's K/V lives in this package's own store, which SGLang's KV transfer and
-        # offload do not carry: drafts would run without their context, and acceptance would
-        # drop without a word. Refused until the store is an SGLang KV pool.
-        (
-            f"disaggregation_mode={cfg.disaggregation_mode}",
-            cfg.disaggregation_mode == "null",
-            "prefill/decode disaggregation does not transfer this package's draft K/V, so the "
-            "decode engine would draft without the prompt's context",
-        ),
+        # Prefill/decode disaggregation transfers the draft's K/V (`draft_pool.DraftKVPool`);
+        # KV offload does not carry it yet: drafts after a reload would see stale context, and
+        # acceptance would drop without a word.
         *(
             (
                 flag,

@@ -38,7 +38,7 @@ from sglang.srt.managers.scheduler_components.batch_result_processor import Sche
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
-from sglang.srt.runtime_context import get_model, get_parallel, get_spec
+from sglang.srt.runtime_context import get_exec, get_model, get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -49,6 +49,7 @@ from sglang_dflash.block import extend_positions, gather_slots
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.cpu import verify_attention
 from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.draft_pool import DraftKVPool
 from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.linear_state import LinearStateCommit
@@ -194,6 +195,7 @@ class DFlashWorker(BaseSpecWorker):
         target = runner.model
         self.head = TargetHead(target, self.vocab_size, self.tp)  # the draft's embedding and LM head
         self.store: Optional[DraftKVStore] = None
+        self.kv_pool: Optional[DraftKVPool] = None  # the store, as SGLang's KV pool of the draft
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
         self.draft_step: Optional[draft_step.DraftStep] = None  # eager or graphed, with the store
 
@@ -205,6 +207,8 @@ class DFlashWorker(BaseSpecWorker):
         )
         self.simulated_acceptance = _simulated_acceptance()
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
+        # Test aid: prefill/decode disaggregation leaves the draft's K/V out of the transfer.
+        self.skip_draft_transfer = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER") == "1"
         self.test_width1_steps = int(os.environ.get("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "0"))
         # Debugging aid: every rank's proposals and committed tokens compared each step.
         self.check_ranks = self.tp.size > 1 and os.environ.get("SGLANG_DFLASH_CHECK_RANKS") == "1"
@@ -235,7 +239,7 @@ class DFlashWorker(BaseSpecWorker):
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s (%s) block_size=%d "
             "verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s lm_head=%s "
-            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s",
+            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -254,6 +258,7 @@ class DFlashWorker(BaseSpecWorker):
             self.returns_hidden_states,
             self.linear_state is not None,
             " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
+            " [test: draft K/V left out of the PD transfer]" if self.skip_draft_transfer else "",
             " [checking that tensor-parallel ranks agree each step]" if self.check_ranks else "",
             f" [tracing proposals to {trace_path}]" if trace_path else "",
         )
@@ -263,6 +268,11 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def model_runner(self):
         return self.target_worker.model_runner
+
+    @property
+    def primary_draft_kv_pool(self) -> Optional[DraftKVPool]:
+        """Prefill/decode disaggregation transfers this pool's buffers with the target's."""
+        return None if self.skip_draft_transfer else self.kv_pool
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -289,6 +299,11 @@ class DFlashWorker(BaseSpecWorker):
                 head_dim=self.config.head_dim,
                 dtype=resolve_draft_kv_dtype(self.model_runner.dtype),
                 device=self.device,
+            )
+            self.kv_pool = DraftKVPool(
+                self.store,
+                self.model_runner.token_to_kv_pool,
+                enable_memory_saver=get_exec().features.enable_memory_saver,
             )
             self.attention = self._choose_attention(num_slots)
             # SGLang's random seed, broadcast from rank 0: the same on every tensor-parallel rank.
@@ -358,7 +373,6 @@ class DFlashWorker(BaseSpecWorker):
             get_or_create_global_graph_memory_pool,
             graph_pool_replay_scope,
         )
-        from sglang.srt.runtime_context import get_exec
         from sglang.srt.utils.common import get_available_gpu_memory
 
         reason = draft_step.graphs_unavailable_reason(

@@ -144,7 +144,12 @@ class Server:
     """`python -m sglang.launch_server` in a subprocess, on CPU, for HTTP-level tests."""
 
     def __init__(
-        self, target: str, draft: str | None = None, num_draft_tokens: int | None = None, *extra: str
+        self,
+        target: str,
+        draft: str | None = None,
+        num_draft_tokens: int | None = None,
+        *extra: str,
+        env: dict | None = None,
     ):
         import socket
         import subprocess
@@ -169,7 +174,7 @@ class Server:
             args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", draft]
             if num_draft_tokens is not None:
                 args += ["--speculative-num-draft-tokens", str(num_draft_tokens)]
-        self.process = subprocess.Popen([*args, *extra])
+        self.process = subprocess.Popen([*args, *extra], env={**os.environ, **(env or {})})
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 240.0) -> None:

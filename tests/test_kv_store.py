@@ -124,3 +124,68 @@ def test_persistent_buffers_go_to_the_memory_savers_kv_region(monkeypatch):
     with kv_cache_region():  # a no-op without --enable-memory-saver
         pass
     assert regions == ["kv_cache"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_pool_sglang_reads_is_the_stores_memory(monkeypatch, dtype, page_size):
+    """SGLang's view of the store (`DraftKVPool`, what PD transfer registers) covers the target
+    pool's rows of the same tensors: no copy, and every byte SGLang's transfer reads at a slot
+    is the store's K/V at that slot. Scratch rows past the target's range are not in it."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_dflash.draft_pool import DraftKVPool
+
+    monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")  # the pool stays slot-major regardless
+    size, layers, kv_heads, head_dim, scratch = 32, 3, 2, 16, 24
+    target = MHATokenToKVPool(
+        size=size, page_size=page_size, dtype=torch.float32, head_num=kv_heads, head_dim=head_dim,
+        layer_num=4, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
+        kv_cache_layout="nhd",
+    )  # fmt: skip
+    rows = size + page_size
+    store = DraftKVStore(
+        num_slots=rows + scratch,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device="cpu",
+    )
+    pool = DraftKVPool(store, target, enable_memory_saver=False)
+    slots = torch.tensor([1, 5, rows - 1])
+    k, v = torch.randn(layers, 3, kv_heads, head_dim), torch.randn(layers, 3, kv_heads, head_dim)
+    store.write(slots, k, v)
+
+    ptrs, lens, item_lens = pool.get_contiguous_buf_infos()
+    row_bytes = kv_heads * head_dim * store.k.element_size()
+    assert ptrs == [store.k[i].data_ptr() for i in range(layers)] + [
+        store.v[i].data_ptr() for i in range(layers)
+    ]
+    assert lens == [rows * row_bytes] * (2 * layers)
+    assert item_lens == [page_size * row_bytes] * (2 * layers)
+    assert sum(pool.get_kv_size_bytes()) == store.nbytes * rows // store.num_slots
+    for layer in range(layers):
+        for buffer, tensor in (
+            (pool.get_key_buffer(layer), store.k),
+            (pool.get_value_buffer(layer), store.v),
+        ):
+            assert buffer.data_ptr() == tensor[layer].data_ptr()
+            assert torch.equal(buffer[slots].view(dtype), tensor[layer, slots])
+    assert (pool.size, pool.page_size, pool.layer_num, pool.head_num) == (size, page_size, layers, kv_heads)
+
+
+def test_a_store_smaller_than_the_target_pool_is_refused():
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_dflash.draft_pool import DraftKVPool
+
+    target = MHATokenToKVPool(
+        size=32, page_size=1, dtype=torch.float32, head_num=2, head_dim=16, layer_num=1, device="cpu",
+        enable_memory_saver=False, enable_alt_stream=False,
+    )  # fmt: skip
+    store = DraftKVStore(
+        num_slots=20, num_layers=1, num_kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu"
+    )
+    with pytest.raises(ValueError, match="20 slots; the target pool has 33"):
+        DraftKVPool(store, target, enable_memory_saver=False)

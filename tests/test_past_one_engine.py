@@ -4,9 +4,9 @@ Data-parallel replicas (`--dp-size 2`) on SGLang's CPU engine: SGLang's data-par
 starts one scheduler per replica and spreads the requests over them; each replica must be
 served by this package, and the greedy tokens must be the plain engine's.
 
-Prefill/decode disaggregation and KV offload (HiCache, LMCache, the decode side's offload) do not
-carry the draft's K/V, which lives in this package's own store: they are refused at start-up by
-name, never served with drafts that silently lack their context."""
+KV offload (HiCache, LMCache, the decode side's offload) does not carry the draft's K/V yet: it
+is refused at start-up by name, never served with drafts that silently lack their context.
+Prefill/decode disaggregation does carry it: tests/test_pd_disaggregation.py."""
 
 import pytest
 
@@ -43,8 +43,6 @@ def test_two_replicas_are_both_ours_and_serve_the_plain_engines_tokens(tiny, mon
 @pytest.mark.parametrize(
     "kwargs, named",
     [
-        (dict(disaggregation_mode="prefill"), "disaggregation_mode=prefill"),
-        (dict(disaggregation_mode="decode"), "disaggregation_mode=decode"),
         (dict(enable_hierarchical_cache=True), "enable_hierarchical_cache"),
         (dict(enable_lmcache=True), "enable_lmcache"),
         (
@@ -52,7 +50,7 @@ def test_two_replicas_are_both_ours_and_serve_the_plain_engines_tokens(tiny, mon
             "disaggregation_decode_enable_offload_kvcache",
         ),
     ],
-    ids=["pd-prefill", "pd-decode", "hicache", "lmcache", "decode-offload"],
+    ids=["hicache", "lmcache", "decode-offload"],
 )
 def test_what_cannot_carry_the_draft_kv_is_refused_by_name(tiny, kwargs, named):
     with pytest.raises(ValueError, match=f"does not support {named} with DFLASH.*SGLANG_DFLASH_IMPL=builtin"):

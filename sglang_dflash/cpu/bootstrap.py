@@ -143,6 +143,21 @@ def _no_pynccl_on_cpu(module) -> None:
     logger.info("CPU engine: SGLang's parallel groups communicate through gloo, without PyNccl")
 
 
+def _mooncake_sender_indices_on_host(module) -> None:
+    """Mooncake's sender is handed the page indices as a pinned host tensor copied
+    asynchronously behind a CUDA event; without a GPU, the prefill side computes them on the
+    host directly (SGLang's path for senders that do not take host tensors)."""
+    module.MooncakeKVSender.supports_host_tensor_indices = False
+
+
+def _no_early_prefix_send_on_cpu(module) -> None:
+    """A PD prefill engine sends a radix-cached prefix early, behind a CUDA event recorded on
+    the forward stream under overlap scheduling; the CPU engine has neither. The prefix then
+    goes with the request's final send (the flag's documented off state), unless the user set
+    the flag."""
+    os.environ.setdefault("SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX", "0")
+
+
 PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
@@ -152,6 +167,8 @@ PATCHES = {
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _commit_after_verify_on_cpu,
     "sglang.srt.mem_cache.pool_host.common": _host_buffers_unpinned_on_cpu,
     "sglang.srt.distributed.parallel_state": _no_pynccl_on_cpu,
+    "sglang.srt.disaggregation.mooncake.conn": _mooncake_sender_indices_on_host,
+    "sglang.srt.disaggregation.prefill": _no_early_prefix_send_on_cpu,
 }
 
 
