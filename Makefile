@@ -21,9 +21,9 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "sglang==0.5.23" "setuptools>=77" wheel pytest pytest-timeout ruff matplotlib
 	$(PIP) install -q --no-deps "dflash==0.1.0"  # test-only oracle: z-lab's reference
-	# Prefill/decode disaggregation tests: Mooncake's CPU build, which links libibverbs even for
-	# its TCP transport; Debian's libraries are unpacked into $(VENV)/rdma, not installed.
-	$(PIP) install -q "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+	# Prefill/decode disaggregation tests: SGLang's PD router, and Mooncake's CPU build, which links
+	# libibverbs even for its TCP transport; Debian's libraries are unpacked into $(VENV)/rdma.
+	$(PIP) install -q "mooncake-transfer-engine-non-cuda==0.3.13.post1" "sglang-router==0.3.2"
 	rm -rf $(VENV)/rdma && mkdir -p $(VENV)/rdma/debs
 	cd $(VENV)/rdma/debs && apt-get download -q libibverbs1 libnl-3-200 libnl-route-3-200
 	for deb in $(VENV)/rdma/debs/*.deb; do dpkg-deb -x $$deb $(VENV)/rdma; done

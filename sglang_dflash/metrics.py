@@ -24,6 +24,10 @@ name prefix. Series (B = verify width, `--speculative-num-draft-tokens`):
   sglang:dflash_verify_width                 histogram  the verify width chosen per decode step,
                                                         buckets le = 1 .. B (1 = no draft;
                                                         `width_policy.py`)
+  sglang:dflash_requests_without_draft_context_total
+                                             counter    requests a PD decode engine received
+                                                        without their draft K/V
+                                                        (`draft_context.py`)
 
 Mean acceptance length (tokens per verify step, bonus included) over any window is
 `1 + rate(accepted_drafts_total) / rate(verify_steps_total)`.
@@ -164,6 +168,11 @@ class DFlashMetrics:
             "DFLASH request-steps that verified draft position k (verify width > k).",
             **kw_pos,
         )
+        self._without_context = Counter(
+            PREFIX + "requests_without_draft_context",
+            "DFLASH requests a PD decode engine received without their draft K/V (drafts see no context).",
+            **kw,
+        ).labels(**self.labels)
         self._width_hist = Histogram(
             PREFIX + "verify_width",
             "DFLASH verify width chosen per decode step (1 = no draft).",
@@ -224,6 +233,10 @@ class DFlashMetrics:
         """Record the verify width the worker chose for a decode step."""
         with self._lock:
             self._pending_widths.append(int(width))
+
+    def observe_without_context(self, count: int) -> None:
+        """Record requests that arrived without their draft K/V (rare; pushed at once)."""
+        self._without_context.inc(count)
 
     def flush(self) -> None:
         """Push what was observed since the last flush into prometheus_client."""

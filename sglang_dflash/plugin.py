@@ -145,7 +145,78 @@ def install_scheduler_hooks() -> None:
         metrics.resolve_spec_tokens_hook,
         HookType.AROUND,
     )
+    HookRegistry.register(
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc",
+        _stamp_transfer_slots,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
+        _check_transferred_context,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.disaggregation.common.conn.CommonKVManager.try_ensure_parallel_info",
+        _refuse_prefill_peer_of_another_tp_size,
+        HookType.AROUND,
+    )
     HookRegistry.apply_hooks()
+
+
+def _stamp_transfer_slots(original, self, req, *args, **kwargs):
+    """PD decode side: the slots SGLang allocates for a request's transfer get the sentinel that
+    its draft K/V, if sent, overwrites (`draft_context.py`)."""
+    from sglang.srt.disaggregation.utils import _is_fake_transfer
+
+    kv_loc = original(self, req, *args, **kwargs)
+    check = getattr(self.scheduler.draft_worker, "context_check", None)
+    # Not for warm-up and health-check requests, which nothing is transferred for; hisparse
+    # returns host indices.
+    if check is not None and not _is_fake_transfer(req) and not self.scheduler.enable_hisparse:
+        check.stamp(kv_loc)
+    return kv_loc
+
+
+def _check_transferred_context(original, self, *args, **kwargs):
+    """PD decode side: requests whose transfer completed are checked for their draft K/V."""
+    reqs = original(self, *args, **kwargs)
+    check = getattr(self.scheduler.draft_worker, "context_check", None)
+    if check is None:
+        return reqs
+    from sglang.srt.disaggregation.utils import _is_fake_transfer
+
+    # Warm-up and health-check requests have no prefill engine: nothing is transferred for them.
+    real = [req for req in reqs if not _is_fake_transfer(req)]
+    if real:
+        import torch
+
+        # The first transferred slot: `_pre_alloc` writes its allocation from `prefix_len`
+        # (0 with DFLASH, which keeps the decode side's radix cache off).
+        table = self.scheduler.req_to_token_pool.req_to_token
+        rows = torch.tensor([req.kv.req_pool_idx for req in real], device=table.device)
+        cols = torch.tensor([req.prefix_len for req in real], device=table.device)
+        check.check(table[rows, cols], [req.rid for req in real])
+    return reqs
+
+
+def _refuse_prefill_peer_of_another_tp_size(original, self, bootstrap_addr, *args, **kwargs):
+    """A decode engine whose draft K/V is registered for transfer refuses a prefill peer of
+    another attention-TP size: SGLang slices transferred K/V by the target's head count, which
+    is not the draft's, so the draft would receive garbage. Raised where SGLang refuses other
+    peers it cannot pair with (`CommonKVManager.try_ensure_parallel_info`)."""
+    ready = original(self, bootstrap_addr, *args, **kwargs)
+    info = self.prefill_info_table.get(bootstrap_addr) if ready else None
+    if (
+        info is not None
+        and getattr(self.kv_args, "num_draft_entries", 0)
+        and info.attn_tp_size != self.attn_tp_size
+    ):
+        raise RuntimeError(
+            "sglang-dflash's DFLASH under prefill/decode disaggregation needs the same attention TP size "
+            f"on both engines: the prefill engine at {bootstrap_addr} has {info.attn_tp_size}, this decode "
+            f"engine {self.attn_tp_size}; the draft's K/V cannot be resliced across TP sizes"
+        )
+    return ready
 
 
 def _validate_request(original, req, *args, **kwargs):
@@ -192,3 +263,6 @@ def _add_speculative_state(original, self, state):
         worker = scheduler.draft_worker
         info = getattr(worker, "server_info", None)
         state["dflash_implementation"] = info() if info is not None else BUILTIN
+        check = getattr(worker, "context_check", None)
+        if check is not None:
+            state["dflash_requests_without_draft_context"] = check.requests_without_context

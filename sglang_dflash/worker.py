@@ -43,7 +43,15 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-from sglang_dflash import IMPL_NAME, __version__, draft_step, flashinfer_attention, fused_forward, ops
+from sglang_dflash import (
+    IMPL_NAME,
+    __version__,
+    draft_context,
+    draft_step,
+    flashinfer_attention,
+    fused_forward,
+    ops,
+)
 from sglang_dflash.attention import SdpaDraftAttention, planning_lens
 from sglang_dflash.block import extend_positions, gather_slots
 from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
@@ -196,6 +204,7 @@ class DFlashWorker(BaseSpecWorker):
         self.head = TargetHead(target, self.vocab_size, self.tp)  # the draft's embedding and LM head
         self.store: Optional[DraftKVStore] = None
         self.kv_pool: Optional[DraftKVPool] = None  # the store, as SGLang's KV pool of the draft
+        self.context_check: Optional[draft_context.DraftContextCheck] = None  # PD decode engines
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention, chosen with the store
         self.draft_step: Optional[draft_step.DraftStep] = None  # eager or graphed, with the store
 
@@ -317,6 +326,9 @@ class DFlashWorker(BaseSpecWorker):
             block_size=self.block_size,
             mask_token_id=self.config.mask_token_id,
             context_window=self.context_window,
+        )
+        self.context_check = draft_context.for_decode_engine(
+            self.store, self.primary_draft_kv_pool is not None, self.metrics
         )
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)

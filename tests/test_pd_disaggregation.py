@@ -2,15 +2,17 @@
 
 Two `launch_server` processes, `--disaggregation-mode prefill` and `decode`, with
 `--disaggregation-transfer-backend mooncake` (`mooncake-transfer-engine-non-cuda`,
-`MOONCAKE_PROTOCOL=tcp` on loopback). Each request goes to both with the same bootstrap fields,
-as SGLang's PD router sends it. The prefill engine computes the prompt's target K/V and the
-draft's context K/V; Mooncake moves both into the decode engine's pools at the request's slots.
+`MOONCAKE_PROTOCOL=tcp` on loopback), behind SGLang's PD router (`sglang-router`), which sends
+each request to both with the same bootstrap fields. The prefill engine computes the prompt's
+target K/V and the draft's context K/V; Mooncake moves both into the decode engine's pools at
+the request's slots.
 
 Oracle: one engine serving the same prompts. The decode engine's greedy tokens must equal it,
 and so must the draft's raw proposals at its first decode steps (the proposal trace), which
 holds only if the decode engine's draft sees the whole prompt. With the draft K/V left out of
 the transfer (a test-only knob), the tokens are still equal (the target verifies) but the
-proposals differ and acceptance drops: the check can fail.
+proposals differ and acceptance drops: the check can fail. The decode engine also counts those
+requests (`draft_context.py`), and counts none when the draft K/V arrives.
 
 Mooncake's CPU build links libibverbs, even for TCP; `make` unpacks Debian's libibverbs1 and
 libnl into `.venv/rdma` (see the Makefile), and the servers get it on LD_LIBRARY_PATH.
@@ -24,7 +26,7 @@ import os
 import socket
 import subprocess
 import sys
-import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -39,13 +41,14 @@ NUM_PROMPTS = 4
 COMPARED_STEPS = 4  # decode steps per request whose proposals are compared
 GREEDY = {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True}
 TRACE = "SGLANG_DFLASH_TRACE_PROPOSALS"
-SKIP_DRAFT_TRANSFER = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"
+SKIP_DRAFT_TRANSFER = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"  # the prefill engine registers no draft K/V
 
 
 def mooncake_env() -> dict:
     """The environment a server needs for Mooncake over TCP, or a failure that says what is
     missing. Without the package the test is skipped (`make test` installs it)."""
     pytest.importorskip("mooncake", reason="mooncake-transfer-engine-non-cuda is not installed")
+    pytest.importorskip("sglang_router", reason="sglang-router is not installed")
     libs = ":".join(
         sorted(glob.glob(os.path.join(sys.prefix, "rdma", "**", "lib", "*-linux-gnu"), recursive=True))
     )
@@ -72,30 +75,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _generate_pd(prefill: engines.Server, decode: engines.Server, bootstrap_port: int, ids, rid: str) -> dict:
-    """One request, as SGLang's PD router sends it: to both engines at once, with the prefill
-    engine's bootstrap address and a room that pairs the two halves."""
-    payload = {
-        "input_ids": ids,
-        "sampling_params": GREEDY,
-        "rid": rid,
-        "bootstrap_host": "127.0.0.1",
-        "bootstrap_port": bootstrap_port,
-        "bootstrap_room": abs(hash(rid)) % 2**62,
-    }
-    results = {}
+class Router:
+    """SGLang's PD router (`sglang_router.launch_router --pd-disaggregation`) in front of one
+    prefill and one decode engine: it sends each request to both, with the prefill engine's
+    bootstrap address and a room that pairs the two halves."""
 
-    def send(name, server):
-        results[name] = server.post("/generate", payload)
+    def __init__(self, prefill: engines.Server, bootstrap_port: int, decode: engines.Server):
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        command = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        command += ["--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url]
+        command += ["--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1], "--log-level", "warn"]
+        self.process = subprocess.Popen(command)
+        self._wait_ready()
 
-    threads = [
-        threading.Thread(target=send, args=item) for item in (("prefill", prefill), ("decode", decode))
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results["decode"]
+    def _wait_ready(self, timeout: float = 120.0) -> None:
+        """Until a request goes through: the router answers /health before its health checks
+        have admitted the workers."""
+        import requests
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the router exited with code {self.process.returncode}")
+            try:
+                probe = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+                if requests.post(self.url + "/generate", json=probe, timeout=30).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError("the router did not admit the engines")
+
+    def generate(self, ids, rid: str) -> dict:
+        import requests
+
+        response = requests.post(
+            self.url + "/generate",
+            json={"input_ids": ids, "sampling_params": GREEDY, "rid": rid},
+            timeout=120,
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
 
 
 def _steps(trace_path) -> dict[str, list]:
@@ -139,15 +164,14 @@ def single(pair_and_prompts, tmp_path_factory):
     return outputs, _steps(trace)
 
 
-def _run_pd(pair, prompts, tmp_path, decode_variants, *, skip_draft_transfer=False) -> list:
+def _run_pd(pair, prompts, tmp_path, decode_variants, *, prefill_sends_draft_kv=True) -> list:
     """One prefill engine; for each decode variant (extra flags), a decode engine that serves
-    every prompt. Returns [(outputs, steps)] per variant."""
+    every prompt. Returns [(outputs, steps, requests received without draft K/V)] per variant."""
     env = mooncake_env()
-    if skip_draft_transfer:
-        env[SKIP_DRAFT_TRANSFER] = "1"  # both sides: neither registers the draft's buffers
     port = _free_port()
     pd = ("--disaggregation-transfer-backend", "mooncake", "--disaggregation-bootstrap-port", str(port))
-    prefill = _serve(pair, "--disaggregation-mode", "prefill", *pd, env=env)
+    prefill_env = env if prefill_sends_draft_kv else {**env, SKIP_DRAFT_TRANSFER: "1"}
+    prefill = _serve(pair, "--disaggregation-mode", "prefill", *pd, env=prefill_env)
     runs = []
     try:
         for k, extra in enumerate(decode_variants):
@@ -156,10 +180,15 @@ def _run_pd(pair, prompts, tmp_path, decode_variants, *, skip_draft_transfer=Fal
                 pair, "--disaggregation-mode", "decode", *pd, *extra, env={**env, TRACE: str(trace)}
             )
             try:
-                outputs = [_generate_pd(prefill, decode, port, p, f"r{i}") for i, p in enumerate(prompts)]
+                router = Router(prefill, port, decode)
+                try:
+                    outputs = [router.generate(p, f"r{i}") for i, p in enumerate(prompts)]
+                finally:
+                    router.stop()
+                [state] = decode.get("/server_info")["internal_states"]
             finally:
                 decode.stop()
-            runs.append((outputs, _steps(trace)))
+            runs.append((outputs, _steps(trace), state["dflash_requests_without_draft_context"]))
     finally:
         prefill.stop()
     return runs
@@ -174,8 +203,9 @@ def test_decode_engine_drafts_with_the_prompts_context(pair_and_prompts, single,
     want, want_steps = single
     variants = {"overlap": (), "no-overlap": ("--disable-overlap-schedule",)}
     runs = _run_pd(pair, prompts, tmp_path, list(variants.values()))
-    for name, (got, got_steps) in zip(variants, runs):
+    for name, (got, got_steps, without_context) in zip(variants, runs):
         assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want], name
+        assert without_context == 0, name
         for i in range(len(prompts)):
             rid = f"r{i}"
             assert len(got_steps[rid]) >= COMPARED_STEPS, name
@@ -183,13 +213,63 @@ def test_decode_engine_drafts_with_the_prompts_context(pair_and_prompts, single,
         assert _verify_steps(got) == _verify_steps(want), name
 
 
-def test_check_fails_when_the_draft_kv_is_left_out_of_the_transfer(pair_and_prompts, single, tmp_path):
+def test_a_prefill_engine_that_sends_no_draft_kv_is_caught(pair_and_prompts, single, tmp_path):
+    """The prefill engine leaves its draft K/V out of the transfer (as one without speculation
+    would): the proposal check fails, and the decode engine counts every request."""
     pair, prompts = pair_and_prompts
     want, want_steps = single
-    [(got, got_steps)] = _run_pd(pair, prompts, tmp_path, [()], skip_draft_transfer=True)
+    [(got, got_steps, without_context)] = _run_pd(pair, prompts, tmp_path, [()], prefill_sends_draft_kv=False)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]  # the target verifies
     for i in range(len(prompts)):
         rid = f"r{i}"
         assert got_steps[rid][0][0] == want_steps[rid][0][0]  # the same committed length...
         assert got_steps[rid][0][1] != want_steps[rid][0][1]  # ...but proposals without context
     assert _verify_steps(got) > _verify_steps(want)  # acceptance dropped
+    assert without_context >= len(prompts)  # and the router's readiness probes
+
+
+@pytest.mark.parametrize(
+    "prefill_tp, draft_entries, refused",
+    [(2, 4, True), (1, 4, False), (2, 0, False)],
+    ids=["other-tp", "same-tp", "no-draft-registered"],
+)
+def test_a_prefill_peer_of_another_tp_size_is_refused_by_name(prefill_tp, draft_entries, refused):
+    """The decode side's check, on a stand-in of SGLang's KV manager after it fetched the
+    prefill peer's parallel info."""
+    from types import SimpleNamespace
+
+    from sglang_dflash.plugin import _refuse_prefill_peer_of_another_tp_size
+
+    manager = SimpleNamespace(
+        attn_tp_size=1,
+        kv_args=SimpleNamespace(num_draft_entries=draft_entries),
+        prefill_info_table={"10.0.0.1:8998": SimpleNamespace(attn_tp_size=prefill_tp)},
+    )
+    fetched = lambda self, addr: True  # noqa: E731
+    if refused:
+        with pytest.raises(RuntimeError, match="prefill engine at 10.0.0.1:8998 has 2, this decode engine 1"):
+            _refuse_prefill_peer_of_another_tp_size(fetched, manager, "10.0.0.1:8998")
+    else:
+        assert _refuse_prefill_peer_of_another_tp_size(fetched, manager, "10.0.0.1:8998") is True
+
+
+def test_context_check_counts_the_rows_no_transfer_overwrote(caplog):
+    import torch
+
+    from sglang_dflash.draft_context import DraftContextCheck
+    from sglang_dflash.kv_store import DraftKVStore
+
+    store = DraftKVStore(
+        num_slots=16, num_layers=2, num_kv_heads=1, head_dim=4, dtype=torch.bfloat16, device="cpu"
+    )
+    observed = []
+    check = DraftContextCheck(store, metrics=type("M", (), {"observe_without_context": observed.append})())
+    for first in (3, 7, 11):
+        check.stamp(torch.tensor([first, first + 1]))
+    store.write(torch.tensor([7]), torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4))  # 7's K/V arrived
+    with caplog.at_level("WARNING"):
+        assert check.check(torch.tensor([3, 7, 11]), ["a", "b", "c"]) == 2
+        assert check.check(torch.tensor([3, 7, 11]), ["a", "b", "c"]) == 0  # the sentinel is cleared
+    assert not torch.isnan(store.k.float()).any()  # nothing left for the draft to read
+    assert check.requests_without_context == 2 and observed == [2]
+    assert [r.message.split(" arrived")[0] for r in caplog.records] == ["DFLASH: request a"]
