@@ -316,9 +316,8 @@ async def soak(url: str, args, vocab: int, proc: server.ServerProcess) -> Tally:
                 flush=True,
             )
 
-    connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+        connector=client.connector(), timeout=aiohttp.ClientTimeout(total=None)
     ) as session:
         await asyncio.gather(reporter(), *(worker(session, m) for m in makers))
     return tally

@@ -21,6 +21,21 @@ from scripts.benchlib.stats import RequestResult, stream_timings
 ENDPOINTS = {"generate": "/generate", "chat": "/v1/chat/completions"}
 
 
+def connector() -> aiohttp.TCPConnector:
+    """Unlimited connections, one per request (no keep-alive reuse).
+
+    SGLang's HTTP server closes a connection once it has been idle for SGLANG_TIMEOUT_KEEP_ALIVE
+    seconds (5 by default), counted from when the server finished writing the last response.
+    A client counts from when it has read that response, which is later when its event loop
+    lags (on a machine the server keeps busy, by seconds). So a client can send a request on a
+    connection the server is closing, however short its own idle limit, and the POST fails with
+    `ClientOSError: Can not write request body` or `ServerDisconnectedError`: an error of the
+    client's connection reuse, not of the server. A new connection per request has no such
+    window, and on loopback it costs well under a millisecond. `scripts/keepalive_race.py`
+    shows the race."""
+    return aiohttp.TCPConnector(limit=0, force_close=True)
+
+
 async def iter_sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     """Decoded `data:` events of a server-sent-event stream, until `[DONE]` or the end."""
     buffer = b""

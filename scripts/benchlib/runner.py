@@ -58,8 +58,9 @@ async def _closed_loop(url, endpoint, payload, spec: LevelSpec, count, duration,
                 bar.update(1)
                 bar.set_postfix(failed=failed, refresh=False)
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as s:
+    async with aiohttp.ClientSession(
+        connector=client.connector(), timeout=aiohttp.ClientTimeout(total=None)
+    ) as s:
         await asyncio.gather(*(worker(s) for _ in range(spec.concurrency)))
     return sorted(results, key=lambda r: r.index)
 
