@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 
-# SGLang's CPU engine, with one intra-op thread per process (see README, "CPU").
+# SGLang's CPU engine, with one intra-op thread per process (see docs/serving.md, "CPU").
 CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 # The CUDA extension (cuda/): built when nvcc is found; BUILD_CUDA=1 makes a missing toolkit or
 # a compile error fatal (make test sets it, so CI checks that the extension compiles).
@@ -45,12 +45,12 @@ test: BUILD_CUDA = 1
 test: install lint
 	$(CPU_ENV) $(EXT_ENV) $(PY) -m pytest  # EXT_ENV: the tests check the extension was built
 
-# On a GPU machine with PyTorch and nvcc, no SGLang needed (README, "Checking the GPU path").
+# On a GPU machine with PyTorch and nvcc, no SGLang needed (docs/gpu.md, "Checking the GPU path").
 gpu-check:
 	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) bash scripts/gpu_check.sh
 
 # SGLang and our DFLASH served on such a machine, from the archive that
-# `python scripts/gpu_bundle.py --serve` builds where pip works (README, "Serving on a GPU").
+# `python scripts/gpu_bundle.py --serve` builds where pip works (docs/gpu.md, "Serving on a GPU").
 # STEPS="lossless race-baseline race-3 race-6.5" by default; finished steps are skipped.
 gpu-serve-check:
 	BUNDLE=$(or $(BUNDLE),.gpu-bundle/serve) bash scripts/gpu_serve_check.sh

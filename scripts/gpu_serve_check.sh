@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serve SGLang on a GPU machine that has PyTorch and no package index, and check our DFLASH
-# there (README, "Serving on a GPU"):
+# there (docs/gpu.md, "Serving on a GPU"):
 #
 #   python scripts/gpu_bundle.py --serve       # where pip works: .gpu-bundle/serve, ~26 MiB
 #   make gpu-serve-check [STEPS="lossless race-baseline race-3 race-6.5"]   # on the GPU machine

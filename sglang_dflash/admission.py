@@ -5,6 +5,8 @@ Everything a non-speculative SGLang engine serves is served, except what SGLang 
 with speculative decoding (beam search; watermarking is refused at start-up), a custom logit
 processor that cannot be deserialized, `sampling_seed` with `min_p`, which SGLang's own
 seeded sampler refuses, and `return_sampling_mask` (RL rollouts), not built here yet.
+
+See docs/requests.md.
 """
 
 from __future__ import annotations

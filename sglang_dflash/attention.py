@@ -5,6 +5,8 @@
 the draft KV store into a padded batch and runs `scaled_dot_product_attention`. With a context
 window W (`--speculative-draft-window-size`) a block sees only its request's last W committed
 tokens (`block.context_window`), on top of what `visibility` allows per layer.
+
+See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations

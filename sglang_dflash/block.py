@@ -1,4 +1,7 @@
-"""Pure functions that lay out one decode step's draft block and verify window."""
+"""Pure functions that lay out one decode step's draft block and verify window.
+
+See docs/architecture.md ("How it works").
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ Qwen3 decoder config plus the DFlash fields:
 
 Every DFlash key is read from `dflash_config` first, then from the top level, as the reference
 loaders do. Every problem raises `CheckpointError` naming the field and the value.
+
+See docs/serving.md ("Draft checkpoints").
 """
 
 from __future__ import annotations

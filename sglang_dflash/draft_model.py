@@ -14,6 +14,8 @@ attention and KV heads and its MLP columns, with the row-parallel outputs summed
 The module holds weights and layer maths only. Where context K/V live, and which keys a query
 may see, is the caller's business: `forward` takes an `attend(layer_id, q, k, v)` callable that
 receives the block's own projections and returns the attention output.
+
+See docs/architecture.md ("How it works") and docs/training.md.
 """
 
 from __future__ import annotations

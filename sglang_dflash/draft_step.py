@@ -24,6 +24,8 @@ Eager. Everything else runs the same forward eagerly, chosen per step from host 
 bounds (the graph-mode plan needs exact ones), or a step whose page indices would not fit the
 graphs' buffer. Where no graph can run at all (CPU, SDPA attention, `--disable-cuda-graph`,
 `SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0`), the reason is logged once at start-up.
+
+See docs/gpu.md and docs/draft-cuda-graphs.md.
 """
 
 from __future__ import annotations

@@ -44,6 +44,8 @@ that host buffer before the copy has run. `bind` therefore waits for the previou
 the device is more than a whole step behind.
 
 `flashinfer` is imported lazily: this module imports on CPU-only hosts.
+
+See docs/gpu.md.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ next norm reads it.
 Stacking: each layer's q/k/v_proj weights (and biases) become row slices of one tensor, gate/up
 of another, and the modules' parameters are re-pointed at those slices, so nothing is stored
 twice and the module forward still works on the same weights.
+
+See docs/gpu.md.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ draft's highest-scoring token among those row t-1 allows. Every proposal is then
 window never stops at an illegal proposal, which is what makes acceptance collapse in JSON mode
 without it. The draft stays a deterministic function of the history (a point mass), so exact
 verification is unaffected (`sampling.py`).
+
+See docs/requests.md.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ ship none), and readers upcast to the query dtype.
 
 SGLang's own machinery reads the store through `draft_pool.DraftKVPool`, an SGLang KV pool
 over the same memory.
+
+See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ window position in the pool's intermediate buffers; `commit` then copies the one
 last committed position (`commit_lens - 1`) into the request's state slot, with SGLang's own
 `update_mamba_state_after_mtp_verify`. It reads the slots from the verify forward's metadata,
 so it must run before the target's next forward; the draft's own forwards do not touch it.
+
+See docs/serving.md ("Hybrid linear-attention targets").
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ processor sees the history one token late; here it always sees the exact one.)
 
 Inside the worker `req.output_ids` lags one step under overlap scheduling, so the committed
 output tokens of every request with a processor are kept here (`ProcessorHistory`).
+
+See docs/requests.md.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ per-position rates count only the steps that verified the position.
 `observe` only appends to a list; a daemon thread pushes the totals into prometheus_client once
 per `flush_interval` seconds (1 s by default), so the per-step cost does not grow with the
 number of series, and the exported values lag by at most one interval.
+
+See docs/measuring.md.
 """
 
 from __future__ import annotations

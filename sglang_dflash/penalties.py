@@ -7,6 +7,8 @@ SGLang's normal decode adjusts logits, in this order, before sampling: additive 
 block the penalties at position k depend on the tokens before k, so row k is adjusted as the
 decode step whose input is `candidates[k]`. SGLang's own penalizer orchestrator never sees the
 tokens DFLASH commits, so the worker keeps the output-token counts itself (`PenaltyState`).
+
+See docs/requests.md.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Hooks that only matter inside the scheduler are installed by `install_scheduler_
 the `create_worker` hook, so the other processes never import their targets.
 
 `SGLANG_DFLASH_IMPL=builtin` hands DFLASH back to SGLang's built-in worker.
+
+See README.md ("Install and use").
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ Seeded noise is a fixed function of the absolute position, so "fresh" needs one 
 token at position m+1 is emitted from the row whose input sits at m exactly once, and the rows
 after the first rejection, whose positions are verified again next step, influenced nothing that
 was emitted. Greedy rows use argmax, so they are `greedy_verify` exactly.
+
+See docs/requests.md ("Sampling (temperature > 0)").
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ class SamplingRows:
 # Transient bytes per logit of one draw, at its peak, rounded up: the seeded path with a filter,
 # the largest (float32 probabilities and sorted weights, int64 sorted ids, int64 hash
 # intermediates, float64 noise and scores), measured at 89 on CPU by
-# `scripts/bench_sampling_memory.py` (README); unseeded draws take 12 (no filter) to 26.
+# `scripts/bench_sampling_memory.py` (docs/gpu.md); unseeded draws take 12 (no filter) to 26.
 BYTES_PER_LOGIT = 96
 MEMORY_ENV = "SGLANG_DFLASH_SAMPLING_MEMORY_MB"
 DEFAULT_MEMORY_MB = 1024

@@ -5,6 +5,8 @@ function decides (one draft step, top-k 1, the verify width B, 48 running reques
 drops its device check (CPU is supported here), and validates the draft checkpoint against the
 target in the launching process, so a bad checkpoint fails before any subprocess starts, with
 an error that names the field and the value.
+
+See docs/serving.md.
 """
 
 from __future__ import annotations

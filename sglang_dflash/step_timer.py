@@ -19,6 +19,8 @@ writing the *previous* record, so a reader can take it out of the gap between st
 Timing mode only: when on, the timer synchronizes the device before and after every phase, so
 each phase's time is its own device work. That serializes host and device (overlap scheduling no
 longer hides anything), so step times under timing mode are not throughput numbers.
+
+See docs/measuring.md.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ listed layer is captured once, in layer order. The two agree only when the ids s
 `FeatureLayout` maps the captured chunks to fc's, with one gather. SGLang's packed capture
 buffer (`AuxHiddenStatePacker`) may hold one chunk per listed id with only the first
 `len(set(ids))` written; the gather reads only those.
+
+See docs/serving.md ("Draft checkpoints").
 """
 
 from __future__ import annotations

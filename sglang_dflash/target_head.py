@@ -16,6 +16,8 @@ Under tensor parallelism the embedding module does its own all-reduce, so `embed
 every rank. The LM head is vocab-parallel: `logits` gathers the full vocab (for structured
 outputs), while `argmax` gathers one (max, id) pair per row and rank
 (`tensor_parallel.vocab_parallel_argmax`).
+
+See README.md ("Supported targets").
 """
 
 from __future__ import annotations

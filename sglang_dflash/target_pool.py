@@ -6,6 +6,8 @@ a hybrid linear-attention pool (Qwen3-Next, Qwen3.5) holds its full-attention la
 `full_kv_pool` next to the mamba state; a sliding-window pool (gpt-oss, Gemma) holds a full
 pool and a smaller SWA pool whose slot ids are translated from the full ones. One function
 decides, at start-up, and refuses a pool it does not know.
+
+See README.md ("Supported targets").
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ The target's LM head is vocab-parallel: each rank's logits cover a contiguous sl
 which gathers one (max, id) pair per row and rank instead of the logits.
 
 `TensorParallel()` (size 1) is the unsharded draft: every collective is the identity.
+
+See docs/serving.md ("Tensor parallelism").
 """
 
 from __future__ import annotations

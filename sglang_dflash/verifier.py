@@ -23,6 +23,8 @@ reproducible in the prefill token (SGLang's sampler) and in every verified token
 unseeded ones still sample independently. Those fresh seeds come from a generator seeded with
 the seed SGLang broadcasts from rank 0 (`TpModelWorker.random_seed`), so under tensor parallelism
 every rank draws the same ones (the ranks see the same batches), as SGLang's own sampler does.
+
+See docs/requests.md.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ The target's forward over the window yields one prediction per position. `accept
 the leading proposals equal to the target's own predictions; the token after them is the new
 bonus. The step commits `accept_len + 1` tokens (bonus, d1 .. d_accept), and emits
 `d1 .. d_accept, new bonus`.
+
+See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations

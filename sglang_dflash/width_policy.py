@@ -51,6 +51,8 @@ request's sake), probes are 4 times rarer: a probe at the full width costs sever
 without the draft, and the poorly drafted requests pay for it.
 
 All of it is host arithmetic on a handful of floats: no device work and no sync.
+
+See docs/verify-width.md.
 """
 
 from __future__ import annotations
@@ -460,7 +462,7 @@ def policy_for(
 
     `SGLANG_DFLASH_ADAPTIVE_WIDTH=0` forces the fixed width and `=1` adapts on any device. Unset,
     it adapts on CPU only: on CUDA, SGLang captures the target's verify graphs for the full width
-    alone and the decode forward of W = 1 has no graph beside them (docs/adaptive-verify-width.md).
+    alone and the decode forward of W = 1 has no graph beside them (docs/verify-width.md).
     Under tensor parallelism the width is fixed: each rank's policy times its own steps, and
     ranks that chose different widths would run collectives of different shapes.
     `fair_slack` is `SGLANG_DFLASH_FAIR_SLACK` (`parse_fair_slack`).

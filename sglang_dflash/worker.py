@@ -20,6 +20,8 @@ the draft proposes only tokens their grammar allows.
 Prefill and extend chunks run the target forward and inject every new token (step 5).
 Bd is the checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the
 verify width: the draft always runs its full trained block, and only B tokens are verified.
+
+See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations
@@ -622,7 +624,7 @@ class DFlashWorker(BaseSpecWorker):
         """How a step at width 1 (no draft) runs the target, chosen once: its plain DECODE
         forward, or on the CPU engine with the batched verify attention, a verify forward over a
         window of one (exactly decode attention, in one SDPA per layer for the batch instead of
-        SGLang's per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, README)."""
+        SGLang's per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, docs/verify-width.md)."""
         override = os.environ.get(OFF_FORWARD_ENV)
         if override not in (None, "", "decode", "verify"):
             raise ValueError(f"{OFF_FORWARD_ENV} must be decode or verify, got {override!r}")

@@ -20,7 +20,7 @@ import time
 
 NUM_PROMPTS, NEW_TOKENS = 8, 64
 NEAR_TIE = 0.05  # nats between the plain engine's top two tokens
-# What the kit passes on CUDA (README, "Serving on a GPU"); CPU runs use SGLang's CPU engine.
+# What the kit passes on CUDA (docs/gpu.md, "Serving on a GPU"); CPU runs use SGLang's CPU engine.
 CUDA_ARGS = dict(
     attention_backend="flashinfer",
     cuda_graph_backend_prefill="disabled",

@@ -3,6 +3,8 @@
 `tiny_pair()`: a tiny Qwen3 code model and its DFlash draft, trained on CPU by this repo's
 recipe from Python standard-library sources (`scripts/build_tiny_pair.py` rebuilds them).
 They are the default models of `make demo` and of the acceptance tests.
+
+See docs/training.md ("The shipped tiny pair").
 """
 
 from __future__ import annotations

@@ -13,4 +13,6 @@
   module level in every process, before any plugin code runs.
 * `verify_attention`: lets the `torch_native` attention backend run TARGET_VERIFY forwards, with
   one masked SDPA per layer for the batch's verify windows.
+
+See docs/serving.md ("CPU").
 """

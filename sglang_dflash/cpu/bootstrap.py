@@ -8,6 +8,8 @@ SGLANG_USE_CPU_ENGINE=1, read when a module is imported.
 * A few SGLang modules are patched right after they are imported (`PATCHES`): where SGLang's
   CPU branch is gated on AMX support that the stand-ins replace, and where a step of the
   speculative path is Triton-only.
+
+See docs/serving.md ("CPU").
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ window queries (`run_sdpa_forward_extend`). Chosen once per process and logged:
 SGLANG_DFLASH_CPU_VERIFY_ATTENTION=per-request keeps SGLang's loop (for comparisons). Layers the
 batched form does not cover (sliding-window, cross-attention, non-causal) keep SGLang's loop;
 SGLang's CPU engine serves no target with such layers on `torch_native`.
+
+See docs/serving.md ("CPU").
 """
 
 from __future__ import annotations

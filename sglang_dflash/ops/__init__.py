@@ -9,6 +9,8 @@ SGLANG_DFLASH_OPS: `auto` (default: the CUDA op where it applies; else the fused
 PyTorch, `reference.fused_inject_reference` on the op's stacked weights, where the draft can be
 fused; else the module-by-module reference), `reference` (always the module-by-module
 reference), `cuda` (the CUDA op, or an error saying why not).
+
+See docs/gpu.md.
 """
 
 from __future__ import annotations

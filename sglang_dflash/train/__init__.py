@@ -15,6 +15,8 @@ Modules, one noun each:
   * `export`     : the draft's `config.json` and the z-lab format export.
   * `loop`       : `Trainer`, the optimisation loop.
   * `cli`        : the command line.
+
+See docs/training.md.
 """
 
 __all__: list[str] = []
