@@ -44,9 +44,9 @@ def handle_dflash_server_args(server_args) -> None:
         ),
         (f"attn_cp_size={attn_cp_size}", attn_cp_size == 1, "context parallelism is not built here"),
         ("enable_watermark", not cfg.enable_watermark, "SGLang refuses it with DFLASH too"),
-        # Prefill/decode disaggregation transfers the draft's K/V (`draft_pool.DraftKVPool`);
-        # KV offload does not carry it yet: drafts after a reload would see stale context, and
-        # acceptance would drop without a word.
+        # Prefill/decode disaggregation and HiCache carry the draft's K/V
+        # (`draft_pool.DraftKVPool`); these offloads do not: drafts after a reload would see
+        # stale context, and acceptance would drop without a word.
         *(
             (
                 flag,
@@ -55,7 +55,6 @@ def handle_dflash_server_args(server_args) -> None:
                 "drafts after a reload would see stale context",
             )
             for flag in (
-                "enable_hierarchical_cache",
                 "enable_lmcache",
                 "disaggregation_decode_enable_offload_kvcache",
             )

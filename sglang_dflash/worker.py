@@ -40,8 +40,8 @@ from sglang.srt.managers.scheduler_components.batch_result_processor import Sche
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
-from sglang.srt.runtime_context import get_exec, get_model, get_parallel, get_spec
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.runtime_context import get_exec, get_memory, get_model, get_parallel, get_spec
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker, HiCacheDraftMode, HiCacheDraftPlan
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
@@ -220,6 +220,8 @@ class DFlashWorker(BaseSpecWorker):
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         # Test aid: prefill/decode disaggregation leaves the draft's K/V out of the transfer.
         self.skip_draft_transfer = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER") == "1"
+        # Test aid: HiCache leaves the draft's K/V out of its backups.
+        self.skip_draft_hicache = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE") == "1"
         self.test_width1_steps = int(os.environ.get("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "0"))
         # Debugging aid: every rank's proposals and committed tokens compared each step.
         self.check_ranks = self.tp.size > 1 and os.environ.get("SGLANG_DFLASH_CHECK_RANKS") == "1"
@@ -250,7 +252,7 @@ class DFlashWorker(BaseSpecWorker):
         logger.info(
             "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s (%s) block_size=%d "
             "verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s lm_head=%s "
-            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s%s",
+            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
@@ -270,6 +272,7 @@ class DFlashWorker(BaseSpecWorker):
             self.linear_state is not None,
             " [test: decode-time injection OFF]" if self.skip_decode_injection else "",
             " [test: draft K/V left out of the PD transfer]" if self.skip_draft_transfer else "",
+            " [test: draft K/V left out of HiCache]" if self.skip_draft_hicache else "",
             " [checking that tensor-parallel ranks agree each step]" if self.check_ranks else "",
             f" [tracing proposals to {trace_path}]" if trace_path else "",
         )
@@ -279,6 +282,23 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def model_runner(self):
         return self.target_worker.model_runner
+
+    def _build_hicache_draft_plan(self) -> HiCacheDraftPlan:
+        """HiCache backs up and reloads the draft's K/V as a sidecar of the target's, at the
+        target's host slots (SGLang's plan for a non-packed draft pool); the base class finds no
+        draft runner here and would plan nothing."""
+        plan = super()._build_hicache_draft_plan()  # also resets the target runner's MTP pools
+        from sglang.srt.runtime_context import get_disagg
+
+        memory = get_memory()
+        offloads = (
+            memory.enable_hierarchical_cache
+            or memory.enable_unified_cache_external_linker
+            or get_disagg().disaggregation_decode_retraction_backup == "host_pool"
+        )
+        if plan.mode != HiCacheDraftMode.NONE or not offloads or self.skip_draft_hicache:
+            return plan
+        return HiCacheDraftPlan(mode=HiCacheDraftMode.SIDECAR, device_pools=(self.kv_pool,))
 
     @property
     def primary_draft_kv_pool(self) -> Optional[DraftKVPool]:

@@ -4,9 +4,9 @@ Data-parallel replicas (`--dp-size 2`) on SGLang's CPU engine: SGLang's data-par
 starts one scheduler per replica and spreads the requests over them; each replica must be
 served by this package, and the greedy tokens must be the plain engine's.
 
-KV offload (HiCache, LMCache, the decode side's offload) does not carry the draft's K/V yet: it
-is refused at start-up by name, never served with drafts that silently lack their context.
-Prefill/decode disaggregation does carry it: tests/test_pd_disaggregation.py."""
+LMCache and the decode side's KV offload do not carry the draft's K/V: they are refused at
+start-up by name, never served with drafts that silently lack their context. Prefill/decode
+disaggregation and HiCache do carry it: tests/test_pd_disaggregation.py, tests/test_hicache.py."""
 
 import pytest
 
@@ -43,14 +43,13 @@ def test_two_replicas_are_both_ours_and_serve_the_plain_engines_tokens(tiny, mon
 @pytest.mark.parametrize(
     "kwargs, named",
     [
-        (dict(enable_hierarchical_cache=True), "enable_hierarchical_cache"),
         (dict(enable_lmcache=True), "enable_lmcache"),
         (
             dict(disaggregation_decode_enable_offload_kvcache=True),
             "disaggregation_decode_enable_offload_kvcache",
         ),
     ],
-    ids=["hicache", "lmcache", "decode-offload"],
+    ids=["lmcache", "decode-offload"],
 )
 def test_what_cannot_carry_the_draft_kv_is_refused_by_name(tiny, kwargs, named):
     with pytest.raises(ValueError, match=f"does not support {named} with DFLASH.*SGLANG_DFLASH_IMPL=builtin"):

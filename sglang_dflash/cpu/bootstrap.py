@@ -160,6 +160,15 @@ def _no_early_prefix_send_on_cpu(module) -> None:
     os.environ.setdefault("SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX", "0")
 
 
+def _hicache_copies_on_cpu(module) -> None:
+    """SGLang's host KV pool (`--enable-hierarchical-cache`) imports its copy ops from
+    sgl_kernel's kvcacheio on CUDA and ROCm only; on the CPU engine it gets the stand-ins."""
+    from sglang_dflash.cpu import kvcacheio
+
+    module.transfer_kv_all_layer_lf_pf = kvcacheio.transfer_kv_all_layer_lf_pf
+    module.transfer_kv_per_layer_pf_lf = kvcacheio.transfer_kv_per_layer_pf_lf
+
+
 PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
@@ -171,6 +180,7 @@ PATCHES = {
     "sglang.srt.distributed.parallel_state": _no_pynccl_on_cpu,
     "sglang.srt.disaggregation.mooncake.conn": _mooncake_sender_indices_on_host,
     "sglang.srt.disaggregation.prefill": _no_early_prefix_send_on_cpu,
+    "sglang.srt.mem_cache.pool_host.mha": _hicache_copies_on_cpu,
 }
 
 
