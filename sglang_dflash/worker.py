@@ -331,16 +331,18 @@ class DFlashWorker(BaseSpecWorker):
                 dtype=resolve_draft_kv_dtype(self.model_runner.dtype),
                 device=self.device,
             )
-            self.kv_pool = DraftKVPool(
-                self.store,
-                self.model_runner.token_to_kv_pool,
-                enable_memory_saver=get_exec().features.enable_memory_saver,
-            )
             self.attention = self._choose_attention(num_slots)
             # SGLang's random seed, broadcast from rank 0: the same on every tensor-parallel rank.
             self.verifier = Verifier(
                 max_bs, self.vocab_size, self.device, seed=self.target_worker.random_seed
             )
+        # Outside the region: the pool's small pointer tables must survive a memory-saver release
+        # (its K/V buffers are the store's, inside it).
+        self.kv_pool = DraftKVPool(
+            self.store,
+            self.model_runner.token_to_kv_pool,
+            enable_memory_saver=get_exec().features.enable_memory_saver,
+        )
         self.draft_step = draft_step.DraftStep(
             self.draft_forward,
             self.head.embed,
