@@ -40,7 +40,7 @@ from sglang.srt.managers.scheduler_components.batch_result_processor import Sche
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
-from sglang.srt.runtime_context import get_exec, get_memory, get_model, get_parallel, get_spec
+from sglang.srt.runtime_context import get_disagg, get_exec, get_memory, get_model, get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker, HiCacheDraftMode, HiCacheDraftPlan
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -288,8 +288,6 @@ class DFlashWorker(BaseSpecWorker):
         target's host slots (SGLang's plan for a non-packed draft pool); the base class finds no
         draft runner here and would plan nothing."""
         plan = super()._build_hicache_draft_plan()  # also resets the target runner's MTP pools
-        from sglang.srt.runtime_context import get_disagg
-
         memory = get_memory()
         offloads = (
             memory.enable_hierarchical_cache
