@@ -136,6 +136,20 @@ def flush_cache(engine, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
+def proposal_steps(trace_path) -> dict:
+    """rid -> [(committed length, proposals)] per decode step, from the worker's proposal trace
+    (SGLANG_DFLASH_TRACE_PROPOSALS)."""
+    import json
+    from collections import defaultdict
+
+    steps = defaultdict(list)
+    with open(trace_path) as f:
+        for line in f:
+            record = json.loads(line)
+            steps[record["rid"]].append((record["prefix_len"], record["proposals"]))
+    return steps
+
+
 def shutdown(engine) -> None:
     engine.shutdown()
 
@@ -151,13 +165,12 @@ class Server:
         *extra: str,
         env: dict | None = None,
     ):
-        import socket
         import subprocess
         import sys
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        from scripts.benchlib.server import free_port
+
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
             sys.executable,

@@ -7,9 +7,7 @@ proposals at every block must be identical. With decode-time injection switched 
 test-only knob), the same check must fail: that shows it can see a missing injection.
 """
 
-import json
 import os
-from collections import defaultdict
 
 import pytest
 
@@ -45,11 +43,7 @@ def _run(tiny, trace_path, skip_decode_injection: bool, width1_steps: int = 0):
         engines.shutdown(engine)
     assert warm["meta_info"]["cached_tokens"] >= len(PROMPT) + 16
     assert cold["meta_info"]["cached_tokens"] == 0
-    steps = defaultdict(list)
-    with open(trace_path) as f:
-        for line in f:
-            record = json.loads(line)
-            steps[record["rid"]].append((record["prefix_len"], record["proposals"]))
+    steps = engines.proposal_steps(trace_path)
     assert len(steps["warm"]) >= 2 and len(steps["cold"]) >= 2
     return warm, cold, steps["warm"], steps["cold"]
 

@@ -9,9 +9,7 @@ draft K/V, and the same check fails; the tokens stay identical either way (the t
 On CPU, SGLang's host-pool copies run on `sglang_dflash/cpu/kvcacheio.py`.
 """
 
-import json
 import os
-from collections import defaultdict
 
 import pytest
 import torch
@@ -48,11 +46,7 @@ def _run(tiny, trace_path, skip_draft_backup: bool):
         cold = engine.generate(input_ids=prompt, sampling_params=SAMPLING, rid="cold")
     finally:
         engines.shutdown(engine)
-    steps = defaultdict(list)
-    with open(trace_path) as f:
-        for line in f:
-            record = json.loads(line)
-            steps[record["rid"]].append((record["prefix_len"], record["proposals"]))
+    steps = engines.proposal_steps(trace_path)
     assert len(steps["warm"]) >= 2 and len(steps["cold"]) >= 2
     return warm, cold, steps["warm"], steps["cold"]
 

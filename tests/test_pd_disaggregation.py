@@ -21,16 +21,14 @@ libnl into `.venv/rdma` (see the Makefile), and the servers get it on LD_LIBRARY
 from __future__ import annotations
 
 import glob
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections import defaultdict
 
 import pytest
 
+from scripts.benchlib.server import free_port
 from tests import engines
 
 pytestmark = pytest.mark.sglang
@@ -69,19 +67,13 @@ def mooncake_env() -> dict:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Router:
     """SGLang's PD router (`sglang_router.launch_router --pd-disaggregation`) in front of one
     prefill and one decode engine: it sends each request to both, with the prefill engine's
     bootstrap address and a room that pairs the two halves."""
 
     def __init__(self, prefill: engines.Server, bootstrap_port: int, decode: engines.Server):
-        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.url = f"http://127.0.0.1:{free_port()}"
         command = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
         command += ["--prefill", prefill.url, str(bootstrap_port), "--decode", decode.url]
         command += ["--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1], "--log-level", "warn"]
@@ -123,16 +115,6 @@ class Router:
         self.process.wait(30)
 
 
-def _steps(trace_path) -> dict[str, list]:
-    """rid -> [(committed length, proposals)] per decode step, from the proposal trace."""
-    steps = defaultdict(list)
-    with open(trace_path) as f:
-        for line in f:
-            record = json.loads(line)
-            steps[record["rid"]].append((record["prefix_len"], record["proposals"]))
-    return steps
-
-
 @pytest.fixture(scope="module")
 def pair_and_prompts():
     from transformers import AutoTokenizer
@@ -161,14 +143,14 @@ def single(pair_and_prompts, tmp_path_factory):
         ]
     finally:
         server.stop()
-    return outputs, _steps(trace)
+    return outputs, engines.proposal_steps(trace)
 
 
 def _run_pd(pair, prompts, tmp_path, decode_variants, *, prefill_sends_draft_kv=True) -> list:
     """One prefill engine; for each decode variant (extra flags), a decode engine that serves
     every prompt. Returns [(outputs, steps, requests received without draft K/V)] per variant."""
     env = mooncake_env()
-    port = _free_port()
+    port = free_port()
     pd = ("--disaggregation-transfer-backend", "mooncake", "--disaggregation-bootstrap-port", str(port))
     prefill_env = env if prefill_sends_draft_kv else {**env, SKIP_DRAFT_TRANSFER: "1"}
     prefill = _serve(pair, "--disaggregation-mode", "prefill", *pd, env=prefill_env)
@@ -188,7 +170,8 @@ def _run_pd(pair, prompts, tmp_path, decode_variants, *, prefill_sends_draft_kv=
                 [state] = decode.get("/server_info")["internal_states"]
             finally:
                 decode.stop()
-            runs.append((outputs, _steps(trace), state["dflash_requests_without_draft_context"]))
+            without_context = state["dflash_requests_without_draft_context"]
+            runs.append((outputs, engines.proposal_steps(trace), without_context))
     finally:
         prefill.stop()
     return runs
