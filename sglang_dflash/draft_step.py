@@ -10,7 +10,10 @@ in SGLang's graph memory pool. Each graph runs, for its b rows:
     hidden = norm(draft layers(embed(block)))                          [b, Bd, H]
 
 over static inputs `bonus [b]`, `seq_lens [b]` and static outputs `block_ids`, `positions`
-[b, Bd] and `hidden` [b, Bd, H]. The draft attention is FlashInfer's in CUDA-graph mode: its
+[b, Bd] and `hidden` [b, Bd, H]. `hidden` is a view of one buffer that every bucket shares
+([max b, Bd, H]; one bucket replays per step, and its output is read before the next replay):
+per-bucket outputs would keep Σb·Bd·H of them alive, about 0.55 GB for SGLang's default sizes
+up to 256 at H = 4096. The draft attention is FlashInfer's in CUDA-graph mode: its
 plan runs on the host before each replay, with the exact host lengths, into fixed buffers the
 graph reads (`flashinfer_attention.py`). The LM head stays outside, so the proposals cost the
 step's verify width, and a grammar batch can read full logits off the same hidden states.
@@ -261,6 +264,7 @@ class DraftStep:
         capture_context = capture_context or _side_stream
         self.kv_indices_capacity = kv_indices_capacity
         self.replay_scope = replay_scope or contextlib.nullcontext
+        shared_hidden = None  # [max b, Bd, H]: every bucket's `hidden` output (module docstring)
         with capture_context() as stream:
             for size in sorted(set(sizes), reverse=True):
                 g = BucketGraph(
@@ -276,12 +280,22 @@ class DraftStep:
                     zeros = torch.zeros(size, dtype=torch.int64)
                     attend = g.attention.bind(req_to_token, g.pool_rows, g.seq_lens, zeros, self.block_size)
 
-                def run(g=g, attend=attend) -> StepOutput:
+                def forward(g=g, attend=attend) -> StepOutput:
                     return self._forward(g.bonus, g.seq_lens, attend)
 
                 with _on(stream):
                     for _ in range(2):  # warm up on the capture stream: lazy kernel builds, cuBLAS
-                        run()
+                        warm = forward()
+                    if shared_hidden is None:  # the largest bucket comes first; outside the pool
+                        shared_hidden = torch.empty_like(warm[2])
+
+                def run(forward=forward, out=shared_hidden[:size]) -> StepOutput:
+                    # The forward's own output becomes a graph intermediate, whose pool memory
+                    # the next (smaller) bucket reuses.
+                    block_ids, positions, hidden = forward()
+                    out.copy_(hidden)
+                    return block_ids, positions, out
+
                 g.graph, g.outputs = capture_graph(run, pool, stream)
                 if pool is None and hasattr(g.graph, "pool"):
                     pool = g.graph.pool()  # the later (smaller) graphs share the first one's pool

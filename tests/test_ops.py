@@ -46,6 +46,9 @@ KERNEL_TOL = {
 SHAPES = {
     "qwen3-8b": (4096, 5, 5, 32, 8, 128),
     "small": (256, 3, 2, 4, 2, 64),
+    # The GPU tests' small draft: head_dim 128, so FlashInfer's attention module is the one the
+    # real drafts (and the GPU run's precompiled kernels, scripts/gpu_aot.py) use.
+    "small-hd128": (512, 3, 2, 4, 2, 128),
 }
 
 
