@@ -61,10 +61,16 @@ class Kernels(Protocol):
         """In place, neox style: q [N, heads, d], k [N, kv_heads, d] rotated at `positions` [N]
         by cos_sin [P, d] fp32 (cos in the first half of each row, sin in the second)."""
 
+    def describe(self, device: torch.device) -> str:
+        """Which kernels these are, for the start-up line."""
+
 
 class TorchKernels:
     """Each kernel's contract in PyTorch, with FlashInfer's rounding: fp32 inside, one rounding
     to the input dtype at the end (and the residual rounded when stored)."""
+
+    def describe(self, device: torch.device) -> str:
+        return "PyTorch reference kernels"
 
     @staticmethod
     def _normalise(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -91,6 +97,17 @@ class TorchKernels:
             x.copy_(torch.cat([first * c - second * s, second * c + first * s], dim=-1))
 
 
+def norm_path(device: torch.device) -> str:
+    """Which of FlashInfer's two RMSNorm implementations serves `device`: its CuTe-DSL kernels
+    (where nvidia-cutlass-dsl is installed and targets the GPU, as on every full SGLang install)
+    or its CUDA JIT ones (`flashinfer.norm._use_cuda_norm`). Both take the strided q/k views of
+    the stacked projection; only one of them runs in a given process, so the start-up line names
+    it."""
+    import flashinfer.norm as fi_norm
+
+    return "CUDA JIT" if fi_norm._use_cuda_norm(device) else "CuTe DSL"
+
+
 class FlashInferKernels:
     """The kernels from FlashInfer (imported here, on first construction)."""
 
@@ -101,6 +118,9 @@ class FlashInferKernels:
 
         self._rmsnorm, self._fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
         self._silu_and_mul, self._rope = silu_and_mul, apply_rope_with_cos_sin_cache_inplace
+
+    def describe(self, device: torch.device) -> str:
+        return f"FlashInfer norm ({norm_path(device)}), RoPE and SiLU kernels"
 
     def rmsnorm(self, x, weight, eps):
         return self._rmsnorm(x, weight, eps)

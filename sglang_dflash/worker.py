@@ -476,7 +476,8 @@ class DFlashWorker(BaseSpecWorker):
         if reason is None:
             # Block positions reach context_len + Bd - 1.
             forward = fused_forward.FusedDraftForward(self.draft_model, context_len + self.block_size)
-            return forward, "fused (FlashInfer norm, RoPE and SiLU kernels; stacked projections)"
+            kernels = forward.kernels.describe(torch.device(self.device))
+            return forward, f"fused ({kernels}; stacked projections)"
         if torch.device(self.device).type == "cuda":  # a real slowdown there: say so louder
             logger.warning("DFLASH draft forward: module by module, not fused (%s)", reason)
         return self.draft_model, f"module ({reason})"

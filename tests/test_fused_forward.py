@@ -139,6 +139,17 @@ def test_torch_kernels_rope_is_the_modules_rotation():
     torch.testing.assert_close(k, want_k)
 
 
+@pytest.mark.parametrize("cuda_jit", [True, False])
+def test_the_start_up_line_names_the_norm_path(monkeypatch, cuda_jit):
+    """FlashInfer serves RMSNorm from its CuTe-DSL kernels where nvidia-cutlass-dsl targets the
+    GPU, else from its CUDA JIT ones: the `draft_forward=` line says which ran."""
+    import flashinfer.norm
+
+    monkeypatch.setattr(flashinfer.norm, "_use_cuda_norm", lambda device: cuda_jit)
+    described = fused_forward.FlashInferKernels().describe(torch.device("cuda"))
+    assert described == f"FlashInfer norm ({'CUDA JIT' if cuda_jit else 'CuTe DSL'}), RoPE and SiLU kernels"
+
+
 def test_unavailable_off_cuda_and_in_fp32():
     model = make_model("small")
     assert fused_forward.unavailable_reason(model, torch.device("cpu")) == "the draft runs on cpu"
