@@ -13,6 +13,7 @@ DFLASH implementation answers, and logs the server's output to a file. Configura
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -83,6 +84,24 @@ class ServerConfig:
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range, where SGLang's HTTP port lives: a server
+    binds its port only after a start-up of many seconds, and a port from the ephemeral range
+    (what bind(0) gives) can meanwhile become some connection's local port ("address already in
+    use"), as SGLang also knows for its NCCL port (`get_free_port_below_ephemeral`)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = list(range(30000, ephemeral_low))
+    random.shuffle(candidates)
+    for port in candidates[:64]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -131,6 +150,9 @@ class ServerProcess:
                     f"server exited with code {self.process.returncode}; log {self.log_path}:\n"
                     + self.log_tail()
                 )
+            # uvicorn failing to bind leaves SGLang's processes running, never ready.
+            if "error while attempting to bind on address" in self.log_tail(5):
+                raise RuntimeError(f"server could not bind port {self.port}; log {self.log_path}")
             try:
                 if requests.get(self.url + "/health_generate", timeout=10).status_code == 200:
                     return
