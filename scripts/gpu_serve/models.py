@@ -37,9 +37,45 @@ QWEN3_8B = {
     "torch_dtype": "bfloat16",
     "vocab_size": 151936,
 }
+# GQA group 4, as Qwen3-8B: SGLang decodes it with FlashInfer's tensor-core (batch prefill)
+# kernels, the ones the race uses, instead of a CUDA-core decode module nothing else needs.
 TINY = dict(
-    hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128, intermediate_size=512, vocab_size=1024
+    hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=128, intermediate_size=512, vocab_size=1024
 )
+TINY_TARGET_LAYERS, TINY_DRAFT_LAYERS = 4, 2
+
+
+TRAINED_PAIR = os.path.join(os.path.dirname(__file__), "..", "..", "sglang_dflash", "assets", "tiny_pair")
+
+
+def trained_pair_configs() -> tuple[dict, dict]:
+    """The shipped trained pair's (target, draft) config.json: head_dim 64, GQA 2, block 8."""
+    pair = os.path.normpath(TRAINED_PAIR)
+    configs = []
+    for name in ("target", "draft"):
+        with open(os.path.join(pair, name, "config.json")) as f:
+            configs.append(json.load(f))
+    return configs[0], configs[1]
+
+
+def tiny_target_config() -> dict:
+    """The attention-relevant fields of the tiny target's config.json (HF names)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": TINY["hidden_size"],
+        "num_attention_heads": TINY["num_heads"],
+        "num_key_value_heads": TINY["num_kv_heads"],
+        "head_dim": TINY["head_dim"],
+        "num_hidden_layers": TINY_TARGET_LAYERS,
+    }
+
+
+def tiny_draft_config() -> dict:
+    from tests.tiny_models import draft_config_dict
+
+    return draft_config_dict(
+        num_layers=TINY_DRAFT_LAYERS, block_size=16, num_target_layers=TINY_TARGET_LAYERS, **TINY
+    )
 
 
 def qwen3_8b_dflash() -> dict:
@@ -77,8 +113,10 @@ def build(out: str) -> dict:
         name: os.path.join(out, name) for name in ("tiny-target", "tiny-draft", "qwen3-8b", "qwen3-8b-dflash")
     }
     builds = {
-        "tiny-target": lambda path: make_target(path, num_layers=4, tokenizer=False, **TINY),
-        "tiny-draft": lambda path: make_draft(path, num_layers=2, block_size=16, num_target_layers=4, **TINY),
+        "tiny-target": lambda path: make_target(path, num_layers=TINY_TARGET_LAYERS, tokenizer=False, **TINY),
+        "tiny-draft": lambda path: make_draft(
+            path, num_layers=TINY_DRAFT_LAYERS, block_size=16, num_target_layers=TINY_TARGET_LAYERS, **TINY
+        ),
     }
     for name, make in builds.items():
         if not os.path.isdir(paths[name]):  # built beside, then renamed: never half a model
