@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean gpu-check gpu-serve-check
+.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-serve-check
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,15 +45,33 @@ test: BUILD_CUDA = 1
 test: install lint
 	$(CPU_ENV) $(EXT_ENV) $(PY) -m pytest  # EXT_ENV: the tests check the extension was built
 
-# On a GPU machine with PyTorch and nvcc, no SGLang needed (docs/gpu.md, "Checking the GPU path").
-gpu-check:
-	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) bash scripts/gpu_check.sh
+# ---- GPU (docs/gpu.md). Built here, where pip works and nvcc is found (no GPU needed): ----
+# SGLang, FlashInfer and what they import for the GPU machine's Python (.gpu-bundle/serve), and
+# FlashInfer's kernels for sm_90a (.gpu-bundle/aot; 20-30 CPU-minutes, resumable).
+gpu-bundle: $(VENV)/.deps
+	$(PY) scripts/gpu_bundle.py --serve
 
-# SGLang and our DFLASH served on such a machine, from the archive that
-# `python scripts/gpu_bundle.py --serve` builds where pip works (docs/gpu.md, "Serving on a GPU").
-# STEPS="lossless race-baseline race-3 race-6.5" by default; finished steps are skipped.
+gpu-aot: $(VENV)/.deps
+	nice $(PY) scripts/gpu_aot.py
+
+# ---- On the GPU machine (Python, a CUDA PyTorch and nvcc; no SGLang, no package index): ----
+# The GPU numbers in one command of at most 9 minutes, in priority order: greedy lossless, the
+# race at simulated acceptance 6.5, the draft-step benchmark. Carry .gpu-bundle/serve and
+# .gpu-bundle/aot. STEPS and DEADLINE (seconds) override the defaults.
+GPU_PY ?= python3
+gpu-proof:
+	$(GPU_PY) -m scripts.gpu_proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
+
+# A second call: overlap off, the other acceptance length, the stand-in's kernel tests.
+SECOND_CALL := lossless-no-overlap,race-3,standin-tests
 gpu-serve-check:
-	BUNDLE=$(or $(BUNDLE),.gpu-bundle/serve) bash scripts/gpu_serve_check.sh
+	$(GPU_PY) -m scripts.gpu_proof --steps $(or $(STEPS),$(SECOND_CALL))
+
+# Our GPU components without SGLang: make gpu-check-tests, then make gpu-check-benches (each
+# fits one 10-minute command; gpu-check runs both). FlashInfer from .gpu-bundle/wheels
+# (`python scripts/gpu_bundle.py`) when the machine has none.
+gpu-check gpu-check-tests gpu-check-benches:
+	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) PART=$(or $(subst gpu-check-,,$(filter gpu-check-%,$@)),all) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so

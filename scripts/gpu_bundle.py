@@ -1,7 +1,7 @@
 """What a GPU machine that has PyTorch and no package index needs, built here where pip works.
 
     python scripts/gpu_bundle.py [--out .gpu-bundle]            # make gpu-check: FlashInfer, 27 MiB
-    python scripts/gpu_bundle.py --serve [--out .gpu-bundle]    # make gpu-serve-check: SGLang too
+    python scripts/gpu_bundle.py --serve [--out .gpu-bundle]    # make gpu-proof: SGLang too (make gpu-bundle)
 
 Both download wheels for the GPU machine's Python (3.12) with pip.
 
@@ -377,7 +377,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--out", default=".gpu-bundle")
     parser.add_argument("--python-version", default="3.12")
-    parser.add_argument("--serve", action="store_true", help="the serve bundle (make gpu-serve-check)")
+    parser.add_argument("--serve", action="store_true", help="the serve bundle (make gpu-proof)")
     args = parser.parse_args()
     if not args.serve:
         build_check(args.out, args.python_version)
@@ -392,7 +392,7 @@ def main() -> None:
     )
     if bundle + tree > CALL_LIMIT:
         raise SystemExit(f"the bundle and the checkout come to {mib(bundle + tree)}: over one call's limit")
-    print(f"on the GPU machine: make gpu-serve-check (carry {args.out}/serve)")
+    print(f"on the GPU machine: make gpu-proof (carry {args.out}/serve and {args.out}/aot from make gpu-aot)")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
-# Shared by scripts/gpu_check.sh and scripts/gpu_serve_check.sh (sourced, not run): the CUDA
-# library headers FlashInfer's JIT needs, the step runner and its summary.
+# Sourced by scripts/gpu_check.sh: the CUDA library headers FlashInfer's JIT needs, the step
+# runner and its summary.
 PY=${PYTHON:-python3}
 
-# FlashInfer's JIT norm module (the fused draft layers, and SGLang's norms through the kit's
-# sgl_kernel stand-in) includes cublasLt.h and curand_kernel.h, which a CUDA toolkit without
-# cuBLAS and cuRAND lacks; PyTorch's CUDA wheels carry them (nvidia/cu*/include). CPATH is
-# searched after nvcc's own -I, so the toolkit's headers still win.
+# FlashInfer's JIT norm module (the fused draft layers) includes cublasLt.h and curand_kernel.h,
+# which a CUDA toolkit without cuBLAS and cuRAND lacks; PyTorch's CUDA wheels carry them. CPATH
+# gets a folder of only those headers (the wheels' whole include folder on CPATH breaks nvcc 13's
+# own headers). CPATH is searched after nvcc's -I, so the toolkit's headers still win.
 cuda_library_headers() {
   if ! echo '#include <cublasLt.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
     local include
-    include=$($PY -c "import glob, os, nvidia; print(next(iter(sorted(os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + '/*/include/cublasLt.h'))), ''))" 2>/dev/null)
+    include=$($PY -c "from scripts.gpu_aot import library_headers; print(library_headers('.gpu-bundle/headers'))" 2>/dev/null)
     if [ -n "$include" ]; then
-      export CPATH="${CPATH:+$CPATH:}$include"
+      export CPATH="${CPATH:+$CPATH:}$PWD/$include"
       echo "== CUDA library headers for FlashInfer's JIT from $include"
     fi
   fi

@@ -1,5 +1,5 @@
 """The GPU kits, checked here on CPU: `make gpu-check` (scripts/gpu_check.sh) needs only PyTorch
-and FlashInfer there; `make gpu-serve-check` (scripts/gpu_serve_check.sh) brings SGLang in one
+and FlashInfer there; `make gpu-proof` (scripts/gpu_proof.py) brings SGLang in one
 archive (scripts/gpu_bundle.py --serve) that must hold everything SGLang imports that the GPU
 machine lacks, and must fit one device call with the checkout."""
 
@@ -37,10 +37,15 @@ def gpu_test_files() -> list[str]:
     )
 
 
-def test_the_check_runs_every_gpu_test_file():
+def test_the_checks_run_every_gpu_test_file_once():
+    """make gpu-check runs the GPU tests that need no SGLang; the serving check (gpu_proof.py's
+    standin-tests) the sgl_kernel stand-in's, whose kernels SGLang's path loads anyway."""
+    from scripts import gpu_proof
+
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     listed = re.search(r'^GPU_TESTS="([^"]*)"', script, re.M).group(1).split()
-    assert sorted(listed) == gpu_test_files()
+    assert not set(listed) & set(gpu_proof.STANDIN_TESTS)
+    assert sorted(listed + list(gpu_proof.STANDIN_TESTS)) == gpu_test_files()
 
 
 def test_gpu_modules_and_gpu_tests_import_without_sglang_or_flashinfer():
@@ -98,7 +103,7 @@ def test_the_bundle_keeps_what_the_draft_attention_compiles():
     assert not keep("flashinfer/experimental/kernels/x.cu")
 
 
-# ---- make gpu-serve-check: the serve bundle -----------------------------------------------
+# ---- make gpu-proof: the serve bundle -----------------------------------------------------
 
 
 def test_the_serve_bundle_leaves_out_sglangs_rust_extensions_and_what_serving_never_imports():
@@ -200,6 +205,66 @@ def test_a_bundle_for_another_python_is_refused(tmp_path):
         unpack.unpack(str(_bundle(tmp_path, "3.99")), str(tmp_path / "state"))
 
 
+def _aot(tmp_path: pathlib.Path, version: str = "0.7.2") -> pathlib.Path:
+    """An AOT folder as scripts/gpu_aot.py lays it out, holding one module."""
+    import json
+    import tarfile
+
+    from scripts.gpu_serve import unpack
+
+    (tmp_path / "staged" / "norm").mkdir(parents=True)
+    (tmp_path / "staged" / "norm" / "norm.so").write_bytes(b"\x7fELF")
+    aot = tmp_path / "aot"
+    aot.mkdir()
+    with tarfile.open(aot / "flashinfer-aot.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "staged" / "norm", arcname="norm")
+    archive = dict(file="flashinfer-aot.tar.xz", sha256=unpack.sha256(str(aot / "flashinfer-aot.tar.xz")))
+    manifest = dict(flashinfer_version=version, archive=archive, modules=[dict(uri="norm")])
+    (aot / "manifest.json").write_text(json.dumps(manifest))
+    return aot
+
+
+def _site(tmp_path: pathlib.Path) -> pathlib.Path:
+    site = tmp_path / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    (site / "flashinfer" / "_build_meta.py").write_text('__version__ = "0.7.2"\n')
+    return site
+
+
+def test_the_aot_modules_land_where_flashinfer_loads_them_without_compiling(tmp_path):
+    from scripts.gpu_serve import unpack
+
+    site = _site(tmp_path)
+    assert unpack.install_aot(str(_aot(tmp_path)), str(site)) == ["norm"]
+    assert (site / "flashinfer" / "data" / "aot" / "norm" / "norm.so").read_bytes() == b"\x7fELF"
+
+
+def test_aot_modules_of_another_flashinfer_or_a_tampered_archive_are_refused(tmp_path):
+    from scripts.gpu_serve import unpack
+
+    site = _site(tmp_path)
+    with pytest.raises(SystemExit, match="FlashInfer 0.6.0 modules"):
+        unpack.install_aot(str(_aot(tmp_path / "old", version="0.6.0")), str(site))
+    aot = _aot(tmp_path / "tampered")
+    with open(aot / "flashinfer-aot.tar.xz", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(SystemExit, match="sha256"):
+        unpack.install_aot(str(aot), str(site))
+
+
+def test_the_built_aot_archive_fits_one_call_with_the_serve_bundle_and_the_checkout():
+    import json
+
+    serve, aot = (
+        ROOT / ".gpu-bundle" / "serve" / "manifest.json",
+        ROOT / ".gpu-bundle" / "aot" / "manifest.json",
+    )
+    if not (serve.is_file() and aot.is_file()):
+        pytest.skip("no serve bundle or AOT archive built here (make gpu-bundle gpu-aot)")
+    carried = sum(json.loads(m.read_text())["archive"]["bytes"] for m in (serve, aot))
+    assert carried + gpu_bundle.checkout_bytes(str(ROOT)) <= gpu_bundle.CALL_LIMIT
+
+
 def test_the_built_serve_bundle_fits_one_call_with_the_checkout():
     """Checks the bundle `python scripts/gpu_bundle.py --serve` left here, if any (building it
     downloads ~110 MiB, so the suite does not)."""
@@ -252,9 +317,14 @@ def test_the_report_reads_start_up_phases_from_server_logs():
 [2026-11-25 12:00:45 TP0] DFLASH draft step: CUDA graphs for batch sizes [1, 2, 4] (0.12 GB, 3.5 s; ...
 [2026-11-25 12:01:30] The server is fired up and ready to roll!
 """
+    log += "[2026-11-25 12:01:29] Engine startup timings (s): load_weight=0.14, "
+    log += "cuda_graph={prefill=0.00, decode=26.40}, tokenizer_e2e=45.50\n"
     assert report.startup(log) == {
         "capture decode cuda graph": 33.1,
         "capture draft step (sglang-dflash)": 3.5,
         "warm-up (sglang-dflash)": 0.2,
+        "sglang load_weight": 0.14,
+        "sglang decode": 26.4,  # prefill=0.00: nothing captured, left out
+        "sglang tokenizer_e2e": 45.5,
         "log start to ready": 90.0,
     }

@@ -2,10 +2,10 @@
 
     python -m scripts.gpu_serve.report STATE_DIR > report.md
 
-Reads STATE_DIR/lossless.json, STATE_DIR/race-baseline/ and race-<acc>-<server>/results.json
-(scripts/load_test.py)
-and those runs' server logs, for SGLang's CUDA-graph capture lines, our draft-graph and warm-up
-lines, and the seconds from the first log line to "ready to roll".
+Reads STATE_DIR/lossless*.json, STATE_DIR/race-baseline/ and race-<acc>-<server>/results.json
+(scripts/load_test.py) and those runs' server logs, for SGLang's CUDA-graph capture lines, our
+draft-graph and warm-up lines, the seconds from the first log line to "ready to roll", and our
+`draft_forward=` start-up line.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import re
-import sys
 
 SERVERS = ("baseline", "dflash", "dflash-builtin")
 NAMES = {"baseline": "no speculation", "dflash": "sglang-dflash", "dflash-builtin": "SGLang built-in"}
@@ -36,6 +35,11 @@ def startup(log_text: str) -> dict:
     warm = re.search(r"DFLASH warm-up .*?: ([\d.]+) s", log_text)
     if warm:
         out["warm-up (sglang-dflash)"] = float(warm.group(1))
+    timings = re.search(r"Engine startup timings \(s\): (.*)", log_text)
+    if timings:  # SGLang's own: load_weight=..., kv_cache_allocation=..., cuda_graph={...}, ...
+        for name, seconds in re.findall(r"(\w+)=([\d.]+)", timings.group(1)):
+            if float(seconds) > 0:
+                out[f"sglang {name}"] = float(seconds)
     stamps = STAMP.findall(log_text)
     ready = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\][^\n]*ready to roll", log_text)
     if stamps and ready:
@@ -112,36 +116,55 @@ def startup_table(state: str) -> str:
     return "\n".join(lines)
 
 
-def main(state: str) -> None:
-    print("# GPU serving check\n")
-    lossless = os.path.join(state, "lossless.json")
-    if os.path.isfile(lossless):
+def norm_paths(state: str) -> list[str]:
+    """The `draft_forward=` start-up lines of our DFLASH servers: which kernels served the fused
+    draft layers (the norm path: FlashInfer's CuTe DSL or its CUDA JIT)."""
+    found = set()
+    for log in glob.glob(os.path.join(state, "race-*", "server-*.log")) + glob.glob(
+        os.path.join(state, "*.log")
+    ):
+        with open(log, errors="replace") as f:
+            found.update(m.strip() for m in re.findall(r"(draft_forward=[^\n]*)", f.read()))
+    return sorted(found)
+
+
+def body(state: str) -> str:
+    """The lossless verdicts, the race table and the start-up phases, as markdown."""
+    out = []
+    for lossless in sorted(glob.glob(os.path.join(state, "lossless*.json"))):
         with open(lossless) as f:
             result = json.load(f)
-        print("## Lossless (greedy, tiny random models, FlashInfer + CUDA graphs, bf16)\n")
+        out.append(f"## Lossless, greedy: {os.path.basename(lossless)}\n")
         for name, run in result["runs"].items():
-            print(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in run.items()))
-        print(f"- lossless: {result['lossless']}\n")
+            out.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in run.items()))
+        out.append(f"- lossless: {result.get('lossless', 'not finished')}\n")
     rows = race_rows(state)
     if rows:
-        print(
-            "## Race (Qwen3-8B shape, dummy weights, SGLANG_SIMULATE_ACC_LEN; simulated, not real speedups)\n"
-        )
-        print(race_table(rows) + "\n")
+        out.append("## Race (dummy weights, SGLANG_SIMULATE_ACC_LEN; simulated, not real speedups)\n")
+        out.append(race_table(rows) + "\n")
         machines = set()
         for path in glob.glob(os.path.join(state, "race-*", "machine.txt")):
             with open(path) as f:
                 machines.add(f.read().strip())
         if len(machines) > 1:
-            print(f"**Measured on {len(machines)} different machines**: the ratios are not side by side.\n")
+            out.append(
+                f"**Measured on {len(machines)} different machines**: the ratios are not side by side.\n"
+            )
         else:
-            print(f"Measured on one machine: {next(iter(machines), 'unknown')}.\n")
+            out.append(f"Measured on one machine: {next(iter(machines), 'unknown')}.\n")
         failed = sum(r["failed"] for r in rows)
         if failed:
-            print(f"{failed} request(s) failed or timed out: see the results.json files\n")
-        print("## Start-up, from the server logs\n")
-        print(startup_table(state) + "\n")
+            out.append(f"{failed} request(s) failed or timed out: see the results.json files\n")
+    startups = startup_table(state)
+    if startups.count("\n") > 1:
+        out.append("## Start-up, from the server logs\n")
+        out.append(startups + "\n")
+    paths = norm_paths(state)
+    if paths:
+        out.append("## Draft layers as served\n\n" + "\n".join(f"- `{p}`" for p in paths) + "\n")
+    return "\n".join(out)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1])
+def main(state: str) -> None:
+    print("# GPU serving check\n")
+    print(body(state))

@@ -1,4 +1,4 @@
-"""The GPU serving kit's two import-time adjustments to SGLang (`make gpu-serve-check`).
+"""The GPU serving kit's two import-time adjustments to SGLang (`make gpu-proof`).
 
 Python imports this file at start-up in every process, SGLang's schedulers too, when its folder
 is on PYTHONPATH. It changes nothing unless SGLANG_DFLASH_GPU_KIT=1 (the kit sets it), and then

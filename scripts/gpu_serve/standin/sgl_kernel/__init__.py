@@ -1,6 +1,6 @@
 """NOT sgl-kernel: sglang-dflash's labelled stand-in for it, for the GPU serving kit only.
 
-`make gpu-serve-check` serves SGLang on a GPU machine that has PyTorch and no sgl-kernel wheel
+`make gpu-proof` serves SGLang on a GPU machine that has PyTorch and no sgl-kernel wheel
 for its torch. SGLang's dense CUDA path (FlashInfer attention, PyTorch sampling, TP 1, no prefill
 CUDA graph) imports a few dozen sgl_kernel names and calls a handful. This package gives it:
 

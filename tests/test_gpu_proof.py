@@ -1,0 +1,115 @@
+"""The one-command GPU run (scripts/gpu_proof.py, `make gpu-proof`), checked on CPU: its deadline
+and skip logic, its outputs after every step, the lossless verdict, and a rehearsal of the same
+step list on SGLang's CPU engine, so that a broken script is found here and not on the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+from scripts import gpu_proof
+from scripts.gpu_serve import lossless
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# ---- the lossless verdict --------------------------------------------------------------------
+
+
+def test_the_lossless_verdict_passes_bf16_near_ties_only():
+    assert lossless.verdict([]) == "identical"
+    # The first differences of the random head_dim-128 pair on an H100 (2026-11-26): every one
+    # where the plain engine's top two logits were within two bf16 steps.
+    h100 = [(41, 0.031), (13, 0.0), (40, 0.031), (51, 0.0625), (1, 0.0), (12, 0.0), (53, 0.031)]
+    assert lossless.verdict(h100) == "near-ties only"
+    assert lossless.verdict(h100 + [(7, 0.5)]) is False  # a decisive token differs: a wrong token
+
+
+def test_compare_finds_each_prompts_first_difference_and_its_margin():
+    plain = [([5, 6, 7], [1.0, 0.02, 3.0]), ([1, 2], [2.0, 2.0])]
+    got = [([5, 9, 7], None), ([1, 2], None)]
+    assert lossless.compare(got, plain) == [(1, 0.02), None]
+
+
+# ---- the clock, the skips and the outputs ----------------------------------------------------
+
+
+def make_proof(tmp_path, deadline: float) -> gpu_proof.Proof:
+    (tmp_path / "state" / "results" / "logs").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    return gpu_proof.Proof("cpu", deadline, str(tmp_path / "state"), str(tmp_path / "out"))
+
+
+def records(proof) -> dict:
+    data = json.loads((pathlib.Path(proof.out) / "gpu-proof.json").read_text())
+    return {s["name"]: s for s in data["steps"]}
+
+
+def test_a_step_that_cannot_finish_before_the_deadline_is_skipped_and_reported(tmp_path):
+    proof = make_proof(tmp_path, deadline=gpu_proof.REPORT_MARGIN + 60)
+    ran = []
+    proof.step("short", 5, lambda: (ran.append("short") or True, ""))
+    proof.step("long", 600, lambda: (ran.append("long") or True, ""))
+    assert ran == ["short"]
+    steps = records(proof)
+    assert steps["short"]["status"] == "ok"
+    assert steps["long"]["status"] == "skipped" and "needs about 600 s" in steps["long"]["note"]
+    report = (pathlib.Path(proof.out) / "gpu-proof-report.md").read_text()
+    assert "| long | skipped |" in report
+
+
+def test_a_child_still_running_at_the_deadline_is_cut_and_what_it_printed_is_kept(tmp_path):
+    proof = make_proof(tmp_path, deadline=gpu_proof.REPORT_MARGIN + 3)
+    cmd = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    start = time.monotonic()
+    proof.step("sleeper", 1, lambda: (proof.run("sleeper", cmd) == 0, ""))
+    assert time.monotonic() - start < 30
+    assert records(proof)["sleeper"]["status"] == "cut at the deadline"
+    with tarfile.open(pathlib.Path(proof.out) / gpu_proof.RESULTS_ARCHIVE) as tar:
+        log = tar.extractfile("results/logs/sleeper.log").read().decode()
+    assert "started" in log and "cut after" in log
+
+
+def test_a_background_child_is_timed_to_its_end_not_to_its_collection(tmp_path):
+    proof = make_proof(tmp_path, deadline=120)
+    proof.start_background("quick", [sys.executable, "-c", "print('done')"])
+    time.sleep(3)  # it ends at once; collected seconds later
+    record = proof.wait_background("quick", "beside")
+    assert record.status == "ok" and record.seconds < 2.5
+
+
+# ---- the rehearsal -----------------------------------------------------------------------------
+
+
+@pytest.mark.sglang
+def test_the_gpu_run_rehearses_on_cpu(tmp_path):
+    """The default step list (lossless, the race at 6.5, the draft-step benchmark) on SGLang's
+    CPU engine: the shipped trained pair for lossless, the tiny pair for the race; the pieces
+    that need CUDA are skipped and say why."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    cmd = [sys.executable, "-m", "scripts.gpu_proof", "--device", "cpu", "--out", str(out)]
+    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "400"]
+    cmd += ["--lossless-pairs", "trained", "--race-concurrency", "1", "--race-seconds", "2"]
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    steps = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
+    assert steps["lossless trained (overlap)"]["note"] == "lossless: identical"
+    for name in ("race-6.5 dflash", "race baseline"):
+        assert steps[name]["status"] == "ok"
+    assert "refuses the CPU" in steps["race-6.5 dflash-builtin"]["note"]
+    assert steps["bench-draft-step"]["note"] == "needs CUDA"
+    report = (out / "gpu-proof-report.md").read_text()
+    assert "| 6.5 | 1 |" in report and "x |" in report  # the race row, with ours / no speculation
+    assert "accept_length_at_bs1" in report
+    with tarfile.open(out / gpu_proof.RESULTS_ARCHIVE) as tar:
+        names = set(tar.getnames())
+    assert {"results/race-6.5-dflash/results.json", "results/race-baseline/results.json"} <= names
+    assert sorted(os.listdir(out)) == ["gpu-proof-report.md", "gpu-proof-results.tar.gz", "gpu-proof.json"]
