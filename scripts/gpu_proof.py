@@ -2,7 +2,9 @@
 
     python -m scripts.gpu_proof [--steps lossless,race-6.5,bench-draft-step] [--deadline 540]
                                 [--bundle .gpu-bundle] [--state .gpu-bundle/state] [--out DIR]
-                                [--device cuda|cpu] [--race-concurrency 1,8,32] [--race-seconds 10]
+                                [--device cuda|cpu] [--lossless-pairs trained,random]
+                                [--lossless-runs overlap[,no-overlap]] [--race-concurrency 1,8,32]
+                                [--race-seconds 10] [--race-servers dflash,dflash-builtin,baseline]
 
 Made for a GPU machine lent by the command: 10 minutes a command, 64 MiB carried, a fresh bare
 machine each time (Python, a CUDA PyTorch and nvcc; no SGLang, FlashInfer or package index).
@@ -14,9 +16,10 @@ Prerequisites, overlapped: the bundle is unpacked first (everything needs it); t
 CPU cores, the draft-step benchmark starts on the idle GPU, and the models and SGLang's import
 are checked in the foreground. The steps, in the order given (default: priority order):
 
-  lossless          the plain engine against our DFLASH (overlap on; `lossless-no-overlap` for
-                    overlap off), greedy, FlashInfer, CUDA graphs including the draft step's,
-                    a draft that repeats a target layer (scripts/gpu_serve/lossless.py)
+  lossless          per pair, the plain engine against our DFLASH (overlap on;
+                    `lossless-no-overlap` for off), greedy, FlashInfer, CUDA graphs including
+                    the draft step's: the shipped trained pair, whose proposals are accepted,
+                    and a random pair whose draft repeats a target layer (gpu_serve/lossless.py)
   race-<acc>        a Qwen3-8B-shaped target and its DFlash draft, dummy weights,
                     SGLANG_SIMULATE_ACC_LEN=<acc>: our DFLASH, SGLang's built-in, then no
                     speculation (once per state), at each concurrency for --race-seconds
@@ -27,8 +30,9 @@ are checked in the foreground. The steps, in the order given (default: priority 
 Before each step (and each race server) the time it is expected to take is compared with the
 time left to the deadline: a step that cannot finish is skipped and the skip reported. Every
 child runs under the time left. After every step the report (`gpu-proof-report.md`), the
-step records (`gpu-proof.json`), the results and the logs are in --out, so a command stopped
-at its limit still returns what finished. The report times every server's start-up phases, so
+step records (`gpu-proof.json`) and one archive of the results and logs
+(`gpu-proof-results.tar.gz`) are in --out, so a command stopped at its limit still returns
+what finished. The report times every server's start-up phases, so
 the next estimate is a measurement.
 
 On CPU (`--device cpu`) the same steps run on SGLang's CPU engine with the tiny models (the
@@ -122,12 +126,10 @@ class Proof:
     def log_path(self, name: str) -> str:
         return os.path.join(self.results, "logs", re.sub(r"[^\w.+-]+", "-", name).strip("-") + ".log")
 
-    def run(
-        self, name: str, cmd: list, *, timeout: Optional[float] = None, env: Optional[dict] = None
-    ) -> int:
+    def run(self, name: str, cmd: list, env: Optional[dict] = None) -> int:
         """Run `cmd` to its end or to the deadline (minus the report's margin), its output into
-        its log in --out and onto ours. Returns its exit status (124 when cut)."""
-        limit = self.left() - REPORT_MARGIN if timeout is None else min(timeout, self.left() - REPORT_MARGIN)
+        its log (in the results) and onto ours. Returns its exit status (124 when cut)."""
+        limit = self.left() - REPORT_MARGIN
         path = self.log_path(name)
         with open(path, "a") as log:
             log.write("$ " + shlex.join(cmd) + "\n")
