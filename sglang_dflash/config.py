@@ -21,12 +21,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sglang_dflash import checkpoint_contract
+from sglang_dflash.checkpoint_contract import CheckpointError
+
 ARCHITECTURE = "DFlashDraftModel"
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-class CheckpointError(ValueError):
-    """A DFlash draft checkpoint (or its pairing with a target) is unusable."""
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -47,7 +46,7 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
 
 def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str:
     """A local checkpoint directory for `path`: the directory itself, or a Hugging Face hub id
-    fetched (config and safetensors only) into the hub cache."""
+    fetched (config, safetensors and a trained mask embedding) into the hub cache."""
     if path and os.path.isdir(path):
         return path
     if not path or path.startswith(("/", ".", "~")) or path.count("/") != 1:
@@ -55,7 +54,8 @@ def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str
     try:
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(path, revision=revision, allow_patterns=["*.json", "*.safetensors"])
+        patterns = ["*.json", "*.safetensors", checkpoint_contract.MASK_EMBEDDING]
+        return snapshot_download(path, revision=revision, allow_patterns=patterns)
     except Exception as error:
         raise CheckpointError(
             f"draft checkpoint {path!r} is not a local directory and could not be fetched from the "
@@ -145,10 +145,12 @@ class DFlashDraftConfig:
             return value
 
         archs = raw.get("architectures")
+        checkpoint_contract.refuse_architecture(archs)
         if not isinstance(archs, list) or ARCHITECTURE not in archs:
             raise CheckpointError(
                 f"draft config field 'architectures' must contain {ARCHITECTURE!r}, got {archs!r}"
             )
+        checkpoint_contract.check_config(raw)
 
         hidden_size = _int_field("hidden_size", require("hidden_size"), minimum=1)
         num_layers = _int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
@@ -166,7 +168,9 @@ class DFlashDraftConfig:
         intermediate = _int_field("intermediate_size", require("intermediate_size"), minimum=1)
         act = get("hidden_act", "silu")
         if act != "silu":
-            raise CheckpointError(f"draft config field 'hidden_act' must be 'silu', got {act!r}")
+            # SGLang's built-in also serves "swigluoai" (gpt-oss's clamped SwiGLU).
+            way_out = f"; {checkpoint_contract.WAY_OUT}" if act == "swigluoai" else ""
+            raise CheckpointError(f"draft config field 'hidden_act' must be 'silu', got {act!r}{way_out}")
         eps = get("rms_norm_eps", 1e-6)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
             raise CheckpointError(f"draft config field 'rms_norm_eps' must be a positive number, got {eps!r}")

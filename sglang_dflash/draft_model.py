@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import glob
 import json
-import logging
 import os
 from typing import Callable, Optional
 
@@ -30,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_dflash import checkpoint_contract
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.tensor_parallel import TensorParallel
 
-logger = logging.getLogger(__name__)
 
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -250,14 +249,16 @@ class DFlashDraftModel(nn.Module):
             model = model.to(dtype=dtype).to_empty(device=device)  # cast on meta: no fp32 copy
             init_weights(model)
             return model.eval()
+        checkpoint_contract.check_directory(path)
         state = _read_safetensors(path)
         model.load_checkpoint_state(state)
         return model.to(device=device, dtype=dtype).eval()
 
     def load_checkpoint_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Load z-lab weight names (optionally `model.`-prefixed); missing or misshapen -> error.
-        Under tensor parallelism each rank keeps its slice of the sharded weights."""
-        state = {k.removeprefix("model."): v for k, v in state.items()}
+        """Load z-lab weight names (optionally `model.`-prefixed, or the vendor aliases of
+        `checkpoint_contract`); missing, misshapen or unknown -> error. Under tensor parallelism
+        each rank keeps its slice of the sharded weights."""
+        state = {checkpoint_contract.canonical_name(k): v for k, v in state.items()}
         full = self
         if self.tp.size > 1:  # the checkpoint holds the whole draft: check against that
             with torch.device("meta"):
@@ -266,6 +267,7 @@ class DFlashDraftModel(nn.Module):
             {k: tuple(p.shape) for k, p in full.named_parameters()},
             {k: tuple(v.shape) for k, v in state.items()},
             _fc_input(self.num_target_features, self.config.hidden_size),
+            dtypes={k: str(v.dtype) for k, v in state.items()},
         )
         expected = dict(self.named_parameters())
         self.load_state_dict(
@@ -279,12 +281,15 @@ class DFlashDraftModel(nn.Module):
         """The checkpoint's weights against the network the config describes, from the
         safetensors headers only (no tensor is read): for the launching process, so a bad
         checkpoint fails there with one line, not inside the scheduler."""
+        checkpoint_contract.check_directory(path)
         with torch.device("meta"):
             model = cls(config, num_target_features)
+        header = read_weight_header(path)
         check_weight_shapes(
             {k: tuple(p.shape) for k, p in model.named_parameters()},
-            {k.removeprefix("model."): shape for k, shape in read_weight_shapes(path).items()},
+            {checkpoint_contract.canonical_name(k): shape for k, (shape, _) in header.items()},
             _fc_input(num_target_features, config.hidden_size),
+            dtypes={checkpoint_contract.canonical_name(k): dtype for k, (_, dtype) in header.items()},
         )
 
     def save_pretrained(self, path: str, raw_config: dict, dtype: Optional[torch.dtype] = None) -> None:
@@ -305,30 +310,34 @@ def _fc_input(num_target_features: int, hidden_size: int) -> str:
     return f"fc reads {num_target_features} captured target layer(s) of hidden_size {hidden_size}"
 
 
-def check_weight_shapes(expected: dict[str, tuple], found: dict[str, tuple], fc_input: str) -> None:
-    """Every expected weight present with its shape; the error names the tensor and both
-    shapes. `fc_input` explains fc.weight's input width (its mismatch is the common one: a draft
-    trained for another target). Extra tensors are logged and ignored."""
+def check_weight_shapes(
+    expected: dict[str, tuple], found: dict[str, tuple], fc_input: str, dtypes: dict[str, str]
+) -> None:
+    """Every tensor is a draft weight or refused by `checkpoint_contract` (which names its
+    family); every expected weight is present with its shape, the error naming the tensor and
+    both shapes. `fc_input` explains fc.weight's input width (its mismatch is the common one: a
+    draft trained for another target)."""
+    checkpoint_contract.check_tensors(found, expected, dtypes)
     for name, want in expected.items():
         if name not in found:
             raise CheckpointError(f"draft checkpoint is missing the weight {name!r} (expected shape {want})")
         if found[name] != want:
             why = f": {fc_input}" if name == "fc.weight" else ""
             raise CheckpointError(f"draft weight {name!r} has shape {found[name]}, expected {want}{why}")
-    unused = sorted(set(found) - set(expected))
-    if unused:
-        logger.info("DFlash draft checkpoint: ignoring %d unused tensors, e.g. %s", len(unused), unused[:4])
 
 
-def read_weight_shapes(path: str) -> dict[str, tuple]:
-    """Tensor name -> shape, from the checkpoint's safetensors headers."""
+def read_weight_header(path: str) -> dict[str, tuple[tuple, str]]:
+    """Tensor name -> (shape, safetensors dtype such as "BF16"), from the checkpoint's
+    safetensors headers (no tensor is read)."""
     from safetensors import safe_open
 
-    shapes: dict[str, tuple] = {}
+    header: dict[str, tuple[tuple, str]] = {}
     for file in _safetensors_files(path):
         with safe_open(file, framework="pt") as f:
-            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-    return shapes
+            for k in f.keys():
+                tensor = f.get_slice(k)
+                header[k] = (tuple(tensor.get_shape()), tensor.get_dtype())
+    return header
 
 
 def _safetensors_files(path: str) -> list[str]:

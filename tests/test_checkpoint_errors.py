@@ -211,9 +211,17 @@ def _draft_with_weights(tiny, tmp_path, name: str, edit) -> str:
             "'fc.weight' has shape (64, 128), expected (64, 64): "
             "fc reads 1 captured target layer(s) of hidden_size 64",
         ),
+        (
+            "conv",
+            lambda t: t.update({"layers.0.mlp_conv.base_kernel": torch.zeros(2, 3, 64)}),
+            "draft checkpoint tensor 'layers.0.mlp_conv.base_kernel' belongs to grouped dynamic "
+            "convolution, which sglang-dflash does not serve; serve it with SGLang's built-in DFLASH "
+            "(SGLANG_DFLASH_IMPL=builtin)",
+        ),
     ],
-    ids=["missing", "misshapen", "fc-for-another-target"],
+    ids=["missing", "misshapen", "fc-for-another-target", "another-family"],
 )
 def test_bad_weights_fail_in_the_launching_process(tiny, tmp_path, name, edit, message):
-    """One line naming the tensor and both shapes, before any scheduler process starts."""
+    """One line naming the tensor (and both shapes, or the family it belongs to), before any
+    scheduler process starts."""
     _expect_startup_error(tiny.target("a"), _draft_with_weights(tiny, tmp_path, name, edit), message)
