@@ -124,10 +124,6 @@ REFUSED_KEYS: dict[str, Declares] = {
     "conv_group_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
     "attention_sink_bias": Declares("MiMo attention sinks (attention_sink_bias)", _falsy),
     "attention_value_scale": Declares("MiMo value scale (attention_value_scale)", _one),
-    "use_gemma_norm": Declares("Gemma norms, (1 + w) scaling (use_gemma_norm)", _falsy),
-    "partial_rotary_factor": Declares("partial-width RoPE (partial_rotary_factor)", _one),
-    "rope_is_neox_style": Declares("non-neox (interleaved) RoPE (rope_is_neox_style)", _true),
-    "is_neox_style": Declares("non-neox (interleaved) RoPE (is_neox_style)", _true),
     "mask_token": Declares(
         "a mask token given as a string (mask_token without mask_token_id)", lambda v: v is None
     ),
@@ -144,6 +140,8 @@ PARSED_KEYS = frozenset(
         "attention_bias", "block_size", "mask_token_id", "num_target_layers", "target_layer_ids",
         "layer_types", "sliding_window", "is_causal", "input_embedding_scale", "vocab_size",
         "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+        "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
+        "swiglu_alpha", "swiglu_limit",
     }
 )  # fmt: skip
 
@@ -157,26 +155,20 @@ METADATA_KEYS = frozenset(
         "attention_dropout", "initializer_range", "pretraining_tp", "has_lm_head",
         # Qwen3's sliding-window switches: `layer_types` says which layers slide (checked below).
         "use_sliding_window", "max_window_layers",
-        # The swiglu constants matter only with hidden_act "swigluoai", which config.py refuses.
-        "swiglu_alpha", "swiglu_limit",
     }
 )  # fmt: skip
 
-# RoPE parameters (rope_scaling / rope_parameters) that `draft_model._rope_inv_freq` serves or
-# that change nothing for a draft: it only ever sees 1-D positions, where M-RoPE equals RoPE
-# (SGLang's draft does the same).
+# RoPE parameters (rope_scaling / rope_parameters) that `config.py` and
+# `draft_model._rope_inv_freq` serve, or that change nothing for a draft: it only ever sees 1-D
+# positions, where M-RoPE equals RoPE (SGLang's draft does the same).
 ROPE_KEYS = frozenset(
     {
         "rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
         "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
         "mscale", "mscale_all_dim", "short_factor", "long_factor", "truncate",
-        "mrope_section", "mrope_interleaved",
+        "rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved",
     }
 )  # fmt: skip
-REFUSED_ROPE_KEYS = {
-    "rope_dim": Declares("a narrowed rotary width (rope_scaling.rope_dim)", _absent),
-    "partial_rotary_factor": REFUSED_KEYS["partial_rotary_factor"],
-}
 
 _metadata_keys: Optional[frozenset] = None
 
@@ -215,9 +207,7 @@ def check_config(raw: dict) -> None:
         rope = raw.get(name)
         if isinstance(rope, dict):
             for key, value in rope.items():
-                if key in REFUSED_ROPE_KEYS and not REFUSED_ROPE_KEYS[key].is_off(value):
-                    _refuse_key(f"{name}.{key}", value, REFUSED_ROPE_KEYS[key].family)
-                if key not in ROPE_KEYS and key not in REFUSED_ROPE_KEYS:
+                if key not in ROPE_KEYS:
                     raise RefusedCheckpoint(
                         f"draft config field '{name}.{key}' ({_short(value)}) is unknown to "
                         f"sglang-dflash, which would otherwise ignore it; {WAY_OUT}"

@@ -95,6 +95,33 @@ class DFlashDraftConfig:
     max_position_embeddings: int
     input_embedding_scale: float = 1.0
     vocab_size: Optional[int] = None
+    declares_block_size: bool = True  # False: `block_size` is the caller's default
+    # The options SGLang's DFlash draft reads from the config (models/dflash.py):
+    use_gemma_norm: bool = False  # every RMSNorm scales by (1 + w), in fp32
+    rotary_dim: Optional[int] = None  # RoPE on the first rotary_dim dims of a head; None: all
+    rope_is_neox_style: bool = True  # False: GPT-J style, rotating interleaved pairs
+    hidden_act: str = "silu"  # or "swigluoai": gpt-oss's clamped SwiGLU
+    swiglu_alpha: Optional[float] = None  # swigluoai only
+    swiglu_limit: Optional[float] = None  # swigluoai only
+
+    @property
+    def rope_width(self) -> int:
+        """How many leading dims of each head RoPE rotates."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def options_in_use(self, *, mlp: bool = True) -> list[str]:
+        """The options that depart from plain z-lab maths (Qwen3 norms, full-width neox RoPE,
+        SiLU), named for start-up lines; `mlp=False` leaves out the MLP's activation."""
+        options = []
+        if self.use_gemma_norm:
+            options.append("Gemma norms")
+        if self.rope_width != self.head_dim:
+            options.append(f"RoPE on {self.rope_width} of {self.head_dim} head dims")
+        if not self.rope_is_neox_style:
+            options.append("GPT-J style RoPE")
+        if mlp and self.hidden_act != "silu":
+            options.append(f"hidden_act {self.hidden_act}")
+        return options
 
     @property
     def q_size(self) -> int:
@@ -115,7 +142,7 @@ class DFlashDraftConfig:
     # ------------------------------------------------------------------ parsing
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "DFlashDraftConfig":
+    def from_pretrained(cls, path: str, default_block_size: Optional[int] = None) -> "DFlashDraftConfig":
         """Parse `config.json` of a checkpoint directory (see `resolve_checkpoint_dir`)."""
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
@@ -125,10 +152,13 @@ class DFlashDraftConfig:
                 raw = json.load(f)
         except json.JSONDecodeError as e:
             raise CheckpointError(f"draft config {config_path!r} is not valid JSON: {e}") from e
-        return cls.from_dict(raw)
+        return cls.from_dict(raw, default_block_size)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "DFlashDraftConfig":
+    def from_dict(cls, raw: dict, default_block_size: Optional[int] = None) -> "DFlashDraftConfig":
+        """`default_block_size`: the draft block of a checkpoint without `block_size` (SGLang's
+        built-in uses `--speculative-num-draft-tokens`, else 16: `server_args.py`); without
+        it, the field is required."""
         if not isinstance(raw, dict):
             raise CheckpointError(f"draft config must be a JSON object, got {type(raw).__name__}")
         dflash = raw.get("dflash_config") or {}
@@ -167,10 +197,22 @@ class DFlashDraftConfig:
             raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
         intermediate = _int_field("intermediate_size", require("intermediate_size"), minimum=1)
         act = get("hidden_act", "silu")
-        if act != "silu":
-            # SGLang's built-in also serves "swigluoai" (gpt-oss's clamped SwiGLU).
-            way_out = f"; {checkpoint_contract.WAY_OUT}" if act == "swigluoai" else ""
-            raise CheckpointError(f"draft config field 'hidden_act' must be 'silu', got {act!r}{way_out}")
+        if act not in ("silu", "swigluoai"):
+            raise CheckpointError(
+                f"draft config field 'hidden_act' must be 'silu' or 'swigluoai', got {act!r}"
+            )
+        swiglu = {}
+        if act == "swigluoai":  # SGLang reads both constants, with no default
+            for name in ("swiglu_alpha", "swiglu_limit"):
+                value = require(name)
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                    raise CheckpointError(
+                        f"draft config field {name!r} must be a positive number, got {value!r}"
+                    )
+                swiglu[name] = float(value)
+        gemma = get("use_gemma_norm", False)
+        if not isinstance(gemma, bool):
+            raise CheckpointError(f"draft config field 'use_gemma_norm' must be a boolean, got {gemma!r}")
         eps = get("rms_norm_eps", 1e-6)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
             raise CheckpointError(f"draft config field 'rms_norm_eps' must be a positive number, got {eps!r}")
@@ -178,7 +220,12 @@ class DFlashDraftConfig:
         if not isinstance(bias, bool):
             raise CheckpointError(f"draft config field 'attention_bias' must be a boolean, got {bias!r}")
 
-        block_size = _int_field("block_size", require("block_size"), minimum=2)
+        block_size = get("block_size")
+        if block_size is None:
+            block_size = default_block_size
+        if block_size is None:
+            raise CheckpointError("draft config is missing the field 'block_size'")
+        block_size = _int_field("block_size", block_size, minimum=2)
         mask_token_id = _int_field("mask_token_id", require("mask_token_id"), minimum=0)
 
         num_target_layers = get("num_target_layers")
@@ -224,6 +271,7 @@ class DFlashDraftConfig:
         vocab_size = get("vocab_size")
         if vocab_size is not None:
             vocab_size = _int_field("vocab_size", vocab_size, minimum=1)
+        rope, rotary_dim, neox = _parse_rope(raw, get, head_dim)
 
         return cls(
             hidden_size=hidden_size,
@@ -241,10 +289,16 @@ class DFlashDraftConfig:
             layer_types=tuple(layer_types),
             sliding_window=sliding_window,
             is_causal=is_causal,
-            rope=_parse_rope(raw),
+            rope=rope,
+            rotary_dim=rotary_dim,
+            rope_is_neox_style=neox,
+            use_gemma_norm=gemma,
+            hidden_act=act,
+            **swiglu,
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,
+            declares_block_size=get("block_size") is not None,
         )
 
     # ------------------------------------------------------- pairing with a target
@@ -289,8 +343,15 @@ class DFlashDraftConfig:
         return self.resolve_target_layer_ids(num_layers)
 
 
-def _parse_rope(raw: dict) -> dict:
-    """RoPE parameters in transformers' `rope_parameters` form (v5), from either config style."""
+# RoPE keys that SGLang's draft drops when `rope_dim` gives the rotary width (models/dflash.py):
+# the draft sees 1-D positions only.
+ROPE_DIM_SUPERSEDES = ("rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:
+    """(RoPE parameters in transformers' `rope_parameters` form (v5), from either config style;
+    the rotary width, None for the whole head; neox style), as SGLang's draft reads them:
+    `rope_scaling.rope_dim` is the width; else `partial_rotary_factor` narrows the head."""
     params = raw.get("rope_parameters")
     if params is None:
         params = dict(raw.get("rope_scaling") or {})
@@ -306,4 +367,29 @@ def _parse_rope(raw: dict) -> dict:
         raise CheckpointError(
             f"draft config rope type {params['rope_type']!r} is not supported (position-dependent)"
         )
-    return params
+    rope_dim = params.get("rope_dim")
+    if rope_dim is not None:
+        rotary_dim = _int_field("rope_scaling.rope_dim", rope_dim, minimum=2)
+    else:
+        factor = params.get("partial_rotary_factor", get("partial_rotary_factor", 1.0))
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise CheckpointError(
+                f"draft config field 'partial_rotary_factor' must be in (0, 1], got {factor!r}"
+            )
+        rotary_dim = int(head_dim * factor) if factor < 1 else head_dim
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise CheckpointError(
+            f"draft config gives a rotary width of {rotary_dim} for head_dim {head_dim}: it must be "
+            "even and at most head_dim"
+        )
+    for key in ROPE_DIM_SUPERSEDES:
+        params.pop(key, None)
+    if rotary_dim != head_dim and params["rope_type"] != "default":
+        raise CheckpointError(
+            f"draft config rope type {params['rope_type']!r} with a rotary width of {rotary_dim} "
+            f"(head_dim {head_dim}) is not served; {checkpoint_contract.WAY_OUT}"
+        )
+    neox = raw.get("rope_is_neox_style", raw.get("is_neox_style", True))  # top level, as SGLang
+    if not isinstance(neox, bool):
+        raise CheckpointError(f"draft config field 'rope_is_neox_style' must be a boolean, got {neox!r}")
+    return params, (None if rotary_dim == head_dim else rotary_dim), neox

@@ -33,28 +33,38 @@ from sglang_dflash import checkpoint_contract
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.tensor_parallel import TensorParallel
 
-
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """Qwen3's RMSNorm: normalise in fp32, scale in the input dtype."""
+    """Qwen3's RMSNorm: normalise in fp32, scale in the input dtype. With `gemma`, Gemma's:
+    scale by (1 + w), in fp32 (SGLang's `GemmaRMSNorm.forward_native`)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.gemma = gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (x * (1.0 + self.weight.float())).to(dtype)
         return self.weight * x.to(dtype)
 
 
+def _norm(config: DFlashDraftConfig, dim: int) -> RMSNorm:
+    return RMSNorm(dim, config.rms_norm_eps, gemma=config.use_gemma_norm)
+
+
 class RotaryEmbedding(nn.Module):
-    """Neox-style RoPE at absolute positions, with transformers' frequency tables."""
+    """RoPE at absolute positions, with transformers' frequency tables, on the first
+    `rope_width` dims of each head (the rest pass through). Neox style rotates the two halves
+    of those dims against each other; GPT-J style (`rope_is_neox_style: false`) rotates
+    interleaved pairs (SGLang's `apply_rotary_emb`)."""
 
     def __init__(self, config: DFlashDraftConfig):
         super().__init__()
@@ -62,27 +72,44 @@ class RotaryEmbedding(nn.Module):
         # on the CPU even when the module is constructed on the meta device.
         with torch.device("cpu"):
             self.inv_freq, self.attention_scaling = _rope_inv_freq(config)
+        self.width = config.rope_width
+        self.neox = config.rope_is_neox_style
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions [N] -> cos, sin [N, head_dim]
+        # positions [N] -> cos, sin [N, rope_width]: the frequencies twice, [f_0..f_{w/2-1}, f_0..]
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x [N, heads, head_dim]; cos, sin [N, head_dim]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos[:, None, :] + rotated * sin[:, None, :]
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x [N, heads, head_dim]; cos, sin [N, rope_width]
+        if self.width == x.shape[-1] and self.neox:
+            return _rotate_neox(x, cos, sin)
+        rot, rest = x[..., : self.width], x[..., self.width :]
+        if self.neox:
+            rot = _rotate_neox(rot, cos, sin)
+        else:
+            # Pair (x_2i, x_2i+1) turns by f_i: E.g. width 4: (x0, x1) by f_0, (x2, x3) by f_1.
+            half = self.width // 2
+            c, s = cos[:, None, :half], sin[:, None, :half]
+            even, odd = rot[..., 0::2], rot[..., 1::2]
+            rot = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
+        return torch.cat((rot, rest), dim=-1)
+
+
+def _rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [N, heads, d]; cos, sin [N, d]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def _rope_inv_freq(config: DFlashDraftConfig) -> tuple[torch.Tensor, float]:
     rope = config.rope
     if rope["rope_type"] == "default":
-        dim = config.head_dim
+        dim = config.rope_width
         exponent = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
         return 1.0 / (float(rope["rope_theta"]) ** exponent), 1.0
     from transformers import PretrainedConfig
@@ -102,10 +129,11 @@ def _rope_inv_freq(config: DFlashDraftConfig) -> tuple[torch.Tensor, float]:
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel, rotary: RotaryEmbedding):
         super().__init__()
         self.layer_id = layer_id
         self.tp = tp
+        self.rope = rotary.apply  # a bound method: the module is shared, not a child of each layer
         self.num_heads = tp.split(config.num_attention_heads, "attention heads")  # on this rank
         self.num_kv_heads = tp.split(config.num_key_value_heads, "KV heads")
         self.head_dim = config.head_dim
@@ -116,8 +144,8 @@ class DFlashAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias)
         # Row-parallel: the partial outputs are summed across ranks, so one rank adds the bias.
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and tp.rank == 0)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.q_norm = _norm(config, config.head_dim)
+        self.k_norm = _norm(config, config.head_dim)
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -125,13 +153,13 @@ class DFlashAttention(nn.Module):
         """x [N, H] -> k, v [N, kv_heads, head_dim]; k is k_norm'ed and rotated."""
         k = self.k_norm(self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        return RotaryEmbedding.apply(k, cos, sin), v
+        return self.rope(k, cos, sin), v
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
         q = self.q_norm(self.q_proj(x).view(-1, self.num_heads, self.head_dim))
-        q = RotaryEmbedding.apply(q, cos, sin)
+        q = self.rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)
         out = attend(self.layer_id, q, k, v)  # [N, heads, head_dim]
         return self.tp.all_reduce(self.o_proj(out.reshape(x.shape[0], -1)))
@@ -141,13 +169,23 @@ class DFlashMLP(nn.Module):
     def __init__(self, config: DFlashDraftConfig, tp: TensorParallel):
         super().__init__()
         self.tp = tp
+        self.act = config.hidden_act
+        self.swiglu_alpha, self.swiglu_limit = config.swiglu_alpha, config.swiglu_limit
         columns = tp.split(config.intermediate_size, "MLP columns (intermediate_size)")
         self.gate_proj = nn.Linear(config.hidden_size, columns, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, columns, bias=False)
         self.down_proj = nn.Linear(columns, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.act == "swigluoai":
+            # gpt-oss's clamped SwiGLU (SGLang: swiglu_no_interleaved_with_alpha_and_limit).
+            gate = gate.clamp(max=self.swiglu_limit)
+            up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+            hidden = gate * torch.sigmoid(gate * self.swiglu_alpha) * (up + 1)
+        else:
+            hidden = F.silu(gate) * up
+        return self.tp.all_reduce(self.down_proj(hidden))
 
 
 # Checkpoint weights split across tensor-parallel ranks: name suffix -> the dimension split.
@@ -173,12 +211,12 @@ def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, tp: TensorParallel)
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel):
+    def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel, rotary: RotaryEmbedding):
         super().__init__()
-        self.self_attn = DFlashAttention(config, layer_id, tp)
+        self.self_attn = DFlashAttention(config, layer_id, tp, rotary)
         self.mlp = DFlashMLP(config, tp)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = _norm(config, config.hidden_size)
+        self.post_attention_layernorm = _norm(config, config.hidden_size)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
@@ -197,13 +235,13 @@ class DFlashDraftModel(nn.Module):
         self.config = config
         self.tp = tp
         self.num_target_features = num_target_features  # K, the number of captured layers
-        self.layers = nn.ModuleList(
-            DFlashDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config, i, tp, self.rotary_emb) for i in range(config.num_hidden_layers)
+        )
+        self.norm = _norm(config, config.hidden_size)
+        self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = _norm(config, config.hidden_size)
 
     # ------------------------------------------------------------ layer maths
 

@@ -20,6 +20,9 @@ from sglang_dflash.config import CheckpointError, DFlashDraftConfig, resolve_che
 logger = logging.getLogger(__name__)
 
 SOURCE = "sglang_dflash.handle_dflash_server_args"
+# The draft block of a checkpoint without `block_size` and without --speculative-num-draft-tokens
+# (SGLang 0.5.23: arg_groups/speculative_hook.py).
+DEFAULT_BLOCK_SIZE = 16
 
 
 def handle_dflash_server_args(server_args) -> None:
@@ -68,11 +71,6 @@ def handle_dflash_server_args(server_args) -> None:
     if cfg.speculative_draft_model_path is None:
         raise ValueError("DFLASH speculative decoding requires --speculative-draft-model-path")
 
-    path = resolve_checkpoint_dir(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
-    draft = DFlashDraftConfig.from_pretrained(path)
-    _check_tensor_parallel(int(cfg.tp_size), draft)
-    _check_draft_window(cfg.speculative_draft_window_size, cfg.speculative_draft_sink_size, draft.block_size)
-
     for field in ("speculative_num_steps", "speculative_eagle_topk"):
         value = getattr(cfg, field)
         if value is not None and int(value) != 1:
@@ -88,6 +86,16 @@ def handle_dflash_server_args(server_args) -> None:
                 f"{alias} must agree"
             )
         num_draft_tokens = alias
+
+    path = resolve_checkpoint_dir(cfg.speculative_draft_model_path, cfg.speculative_draft_model_revision)
+    # A checkpoint without block_size drafts blocks of B, else of 16, as SGLang's built-in does.
+    default_block = int(num_draft_tokens) if num_draft_tokens is not None else DEFAULT_BLOCK_SIZE
+    draft = DFlashDraftConfig.from_pretrained(path, default_block_size=default_block)
+    if not draft.declares_block_size:
+        logger.info("DFLASH draft config has no block_size: drafting blocks of %d tokens", default_block)
+    _check_tensor_parallel(int(cfg.tp_size), draft)
+    _check_draft_window(cfg.speculative_draft_window_size, cfg.speculative_draft_sink_size, draft.block_size)
+
     if num_draft_tokens is None:
         num_draft_tokens = draft.block_size
     draft.check_num_draft_tokens(int(num_draft_tokens))

@@ -171,7 +171,10 @@ class DFlashWorker(BaseSpecWorker):
         path = resolve_checkpoint_dir(
             spec.speculative_draft_model_path, spec.speculative_draft_model_revision
         )
-        self.config = DFlashDraftConfig.from_pretrained(path)
+        # B is resolved by now: a checkpoint without block_size drafts blocks of B.
+        self.config = DFlashDraftConfig.from_pretrained(
+            path, default_block_size=int(spec.speculative_num_draft_tokens)
+        )
         text_config = runner.model_config.hf_text_config
         self.vocab_size = int(runner.model_config.vocab_size)
         layer_ids = self.config.check_target(
@@ -250,13 +253,15 @@ class DFlashWorker(BaseSpecWorker):
                 *self.simulated_acceptance,
             )
         logger.info(
-            "DFLASH is served by %s %s: draft=%s layers=%d target_layer_ids=%s (%s) block_size=%d "
-            "verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s lm_head=%s "
-            "grammar_aware_proposals=%s hidden_states=%s linear_attention_state_commit=%s%s%s%s%s%s",
+            "DFLASH is served by %s %s: draft=%s layers=%d draft_options=%s target_layer_ids=%s (%s) "
+            "block_size=%d verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s "
+            "lm_head=%s grammar_aware_proposals=%s hidden_states=%s "
+            "linear_attention_state_commit=%s%s%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
             self.config.num_hidden_layers,
+            ", ".join(self.config.options_in_use()) or "none",
             list(layer_ids),
             self.features.describe(),
             self.block_size,

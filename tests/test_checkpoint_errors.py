@@ -24,13 +24,13 @@ def test_reference_default_layer_ids():
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda d: d.pop("block_size"), "missing the field 'block_size'"),
+        (lambda d: d.pop("block_size"), "missing the field 'block_size'"),  # without a default
         (lambda d: d["dflash_config"].pop("mask_token_id"), "missing the field 'mask_token_id'"),
         (lambda d: d.update(architectures=["Qwen3ForCausalLM"]), "'architectures' must contain"),
         (lambda d: d.update(block_size="16"), "'block_size' must be an integer >= 2, got '16'"),
         (lambda d: d.update(num_hidden_layers=0), "'num_hidden_layers' must be an integer >= 1, got 0"),
         (lambda d: d.update(layer_types=["full_attention"] * 3), "'layer_types' must list"),
-        (lambda d: d.update(hidden_act="gelu"), "'hidden_act' must be 'silu', got 'gelu'"),
+        (lambda d: d.update(hidden_act="gelu"), "'hidden_act' must be 'silu' or 'swigluoai', got 'gelu'"),
         (lambda d: d["dflash_config"].update(target_layer_ids=[]), "'target_layer_ids' must be a non-empty"),
         (lambda d: d.update(num_key_value_heads=3), "must be a multiple of 'num_key_value_heads' (3)"),
     ],
@@ -41,6 +41,17 @@ def test_invalid_config_fields(edit, message):
     with pytest.raises(CheckpointError) as error:
         DFlashDraftConfig.from_dict(raw)
     assert message in str(error.value)
+
+
+def test_a_missing_block_size_takes_the_default():
+    """SGLang's built-in drafts blocks of --speculative-num-draft-tokens, else 16."""
+    raw = draft_config_dict()
+    raw.pop("block_size")
+    config = DFlashDraftConfig.from_dict(raw, default_block_size=16)
+    assert (config.block_size, config.declares_block_size) == (16, False)
+    raw["dflash_config"]["block_size"] = 8
+    config = DFlashDraftConfig.from_dict(raw, default_block_size=16)
+    assert (config.block_size, config.declares_block_size) == (8, True)
 
 
 def test_dflash_keys_fall_back_to_top_level():
@@ -77,8 +88,8 @@ def test_missing_draft_path(tiny):
 
 @pytest.mark.sglang
 def test_missing_config_field(tiny):
-    draft = tiny.edited_draft("a", "no-block", lambda d: d.pop("block_size"))
-    _expect_startup_error(tiny.target("a"), draft, "missing the field 'block_size'")
+    draft = tiny.edited_draft("a", "no-heads", lambda d: d.pop("num_attention_heads"))
+    _expect_startup_error(tiny.target("a"), draft, "missing the field 'num_attention_heads'")
 
 
 @pytest.mark.sglang

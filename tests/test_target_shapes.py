@@ -1,6 +1,9 @@
 """Greedy losslessness on the other target and pool shapes users serve, each against the same
 engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
+The Mistral case also serves a draft whose config has no block_size, and "draft-options" a draft
+with Gemma norms, partial GPT-J RoPE and clamped SwiGLU (the llama target's plain outputs are
+shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -36,11 +39,24 @@ TARGETS = {"llama": (3, 6.0), "mistral": (7, 5.0), "qwen3_moe": (3, 6.0)}
 # name -> (target family, engine flags for both engines, DFLASH-only flags)
 SHAPES = {
     "llama": ("llama", {}, {}),
-    "mistral": ("mistral", {}, {}),
+    "mistral": ("mistral", {}, {}),  # with a draft config that has no block_size (see below)
     "qwen3_moe": ("qwen3_moe", {"enable_return_routed_experts": True}, {}),
     "page16": ("llama", {"page_size": 16}, {}),
     "window16": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
+    "draft-options": ("llama", {}, {}),  # with DRAFT_OPTIONS (see below)
 }
+# The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
+# against SGLang's own modules): served end to end, lossless, and still accepting.
+DRAFT_OPTIONS = {
+    "use_gemma_norm": True,
+    "partial_rotary_factor": 0.5,
+    "rope_is_neox_style": False,
+    "hidden_act": "swigluoai",
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+}
+# (family, engine flags) -> {batch size: outputs of the engine without speculation}
+_PLAIN_OUTPUTS: dict = {}
 
 
 def _target(tiny, family):
@@ -68,12 +84,22 @@ def served(request, tiny):
     family, flags, spec_flags = SHAPES[request.param]
     target = _target(tiny, family)
     routed = bool(flags.get("enable_return_routed_experts"))
-    engine = engines.start(target, **flags)
-    try:
-        want = {bs: _run(engine, bs, routed) for bs in (1, 8)}
-    finally:
-        engines.shutdown(engine)
-    engine = engines.start(target, tiny.draft("a"), fixed_width=True, **flags, **spec_flags)
+    key = (family, tuple(sorted(flags.items())))
+    if key not in _PLAIN_OUTPUTS:
+        engine = engines.start(target, **flags)
+        try:
+            _PLAIN_OUTPUTS[key] = {bs: _run(engine, bs, routed) for bs in (1, 8)}
+        finally:
+            engines.shutdown(engine)
+    want = _PLAIN_OUTPUTS[key]
+    draft = tiny.draft("a")
+    if request.param == "mistral":
+        # A checkpoint without block_size drafts blocks of 16 (SGLang's default), draft "a"'s
+        # own block: the same proposals, served instead of refused.
+        draft = tiny.edited_draft("a", "no-block-size", lambda d: d.pop("block_size"))
+    if request.param == "draft-options":
+        draft = tiny.edited_draft("a", "options", lambda d: d.update(DRAFT_OPTIONS))
+    engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
 
