@@ -124,9 +124,6 @@ REFUSED_KEYS: dict[str, Declares] = {
     "conv_group_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
     "attention_sink_bias": Declares("MiMo attention sinks (attention_sink_bias)", _falsy),
     "attention_value_scale": Declares("MiMo value scale (attention_value_scale)", _one),
-    "mask_token": Declares(
-        "a mask token given as a string (mask_token without mask_token_id)", lambda v: v is None
-    ),
     "mlp_bias": Declares("MLP biases (mlp_bias)", _falsy),
 }
 FAMILY_PREFIXES = ("lilicorr_", "markov_")  # LiLiCorr's head, DSpark's Markov head
@@ -137,9 +134,9 @@ PARSED_KEYS = frozenset(
     {
         "architectures", "dflash_config", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
-        "attention_bias", "block_size", "mask_token_id", "num_target_layers", "target_layer_ids",
-        "layer_types", "sliding_window", "is_causal", "input_embedding_scale", "vocab_size",
-        "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+        "attention_bias", "block_size", "mask_token_id", "mask_token", "num_target_layers",
+        "target_layer_ids", "layer_types", "sliding_window", "is_causal", "input_embedding_scale",
+        "vocab_size", "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
         "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
         "swiglu_alpha", "swiglu_limit",
     }
@@ -190,8 +187,6 @@ def check_config(raw: dict) -> None:
     for key, rule in REFUSED_KEYS.items():
         for where, scope in scopes:
             if key in scope and not rule.is_off(scope[key]):
-                if key == "mask_token" and _get(raw, dflash, "mask_token_id") is not None:
-                    continue  # the id is used; the string names the same token
                 _refuse_key(where + key, scope[key], rule.family)
     for where, scope in scopes:
         for key, value in scope.items():

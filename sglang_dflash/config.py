@@ -15,6 +15,7 @@ See docs/serving.md ("Draft checkpoints").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from sglang_dflash import checkpoint_contract
 from sglang_dflash.checkpoint_contract import CheckpointError
 
 ARCHITECTURE = "DFlashDraftModel"
+DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -82,7 +84,8 @@ class DFlashDraftConfig:
     rms_norm_eps: float
     attention_bias: bool
     block_size: int
-    mask_token_id: int
+    # None: resolved from `mask_token` with the target's tokenizer (`resolve_mask_token_id`).
+    mask_token_id: Optional[int]
     # None: not in the checkpoint; resolved against the target by `resolve_target_layer_ids`.
     target_layer_ids: Optional[tuple[int, ...]]
     num_target_layers: Optional[int]
@@ -96,6 +99,7 @@ class DFlashDraftConfig:
     input_embedding_scale: float = 1.0
     vocab_size: Optional[int] = None
     declares_block_size: bool = True  # False: `block_size` is the caller's default
+    mask_token: str = DEFAULT_MASK_TOKEN
     # The options SGLang's DFlash draft reads from the config (models/dflash.py):
     use_gemma_norm: bool = False  # every RMSNorm scales by (1 + w), in fp32
     rotary_dim: Optional[int] = None  # RoPE on the first rotary_dim dims of a head; None: all
@@ -226,7 +230,12 @@ class DFlashDraftConfig:
         if block_size is None:
             raise CheckpointError("draft config is missing the field 'block_size'")
         block_size = _int_field("block_size", block_size, minimum=2)
-        mask_token_id = _int_field("mask_token_id", require("mask_token_id"), minimum=0)
+        mask_token_id = get("mask_token_id")
+        if mask_token_id is not None:
+            mask_token_id = _int_field("mask_token_id", mask_token_id, minimum=0)
+        mask_token = get("mask_token") or DEFAULT_MASK_TOKEN
+        if not isinstance(mask_token, str):
+            raise CheckpointError(f"draft config field 'mask_token' must be a string, got {mask_token!r}")
 
         num_target_layers = get("num_target_layers")
         if num_target_layers is not None:
@@ -284,6 +293,7 @@ class DFlashDraftConfig:
             attention_bias=bias,
             block_size=block_size,
             mask_token_id=mask_token_id,
+            mask_token=mask_token,
             target_layer_ids=layer_ids,
             num_target_layers=num_target_layers,
             layer_types=tuple(layer_types),
@@ -335,7 +345,7 @@ class DFlashDraftConfig:
                 f"draft config field 'hidden_size' is {self.hidden_size} but the target's "
                 f"hidden_size is {hidden_size}"
             )
-        if self.mask_token_id >= vocab_size:
+        if self.mask_token_id is not None and self.mask_token_id >= vocab_size:
             raise CheckpointError(
                 f"draft config field 'mask_token_id' is {self.mask_token_id}, at or beyond the "
                 f"target's vocab_size {vocab_size}"
@@ -346,6 +356,41 @@ class DFlashDraftConfig:
 # RoPE keys that SGLang's draft drops when `rope_dim` gives the rotary width (models/dflash.py):
 # the draft sees 1-D positions only.
 ROPE_DIM_SUPERSEDES = ("rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def resolve_mask_token_id(config: DFlashDraftConfig, tokenizer, vocab_size: int) -> DFlashDraftConfig:
+    """The config with its mask token id, resolved as SGLang's built-in does: a given
+    `mask_token_id` must not contradict the tokenizer's id for `mask_token`; without one, the
+    tokenizer's mask token or vocabulary entry for `mask_token`, else the token is added to the
+    tokenizer (as the reference demo does), and the id must fall inside the target's vocabulary.
+    `tokenizer` may be None only when the id is given."""
+    token, token_id = config.mask_token, config.mask_token_id
+    if token_id is None:
+        if tokenizer is None:
+            raise CheckpointError(
+                f"draft config has no 'mask_token_id': resolving its mask_token {token!r} needs the "
+                "target's tokenizer (serve without --skip-tokenizer-init, or add mask_token_id)"
+            )
+        if getattr(tokenizer, "mask_token", None) == token:
+            token_id = getattr(tokenizer, "mask_token_id", None)
+        if token_id is None:
+            token_id = tokenizer.get_vocab().get(token)
+        if token_id is None:
+            tokenizer.add_special_tokens({"mask_token": token})
+            token_id = tokenizer.convert_tokens_to_ids(token)
+    elif tokenizer is not None:
+        vocab_id = tokenizer.get_vocab().get(token)
+        if vocab_id is not None and vocab_id != token_id:
+            raise CheckpointError(
+                f"draft config field 'mask_token_id' is {token_id}, but the target's tokenizer gives "
+                f"its mask_token {token!r} the id {vocab_id}"
+            )
+    if not 0 <= int(token_id) < vocab_size:
+        raise CheckpointError(
+            f"draft config's mask token {token!r} has the id {token_id}, at or beyond the target's "
+            f"vocab_size {vocab_size} (the target's embedding cannot be resized for it)"
+        )
+    return dataclasses.replace(config, mask_token_id=int(token_id))
 
 
 def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:

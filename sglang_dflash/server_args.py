@@ -15,7 +15,12 @@ import json
 import logging
 from typing import Optional
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
+from sglang_dflash.config import (
+    CheckpointError,
+    DFlashDraftConfig,
+    resolve_checkpoint_dir,
+    resolve_mask_token_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +161,8 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
         model_override_args=json.loads(cfg.json_model_override_args),
     )
     text = target.get_text_config() if hasattr(target, "get_text_config") else target
+    if draft.mask_token_id is None:  # resolved here too, so a bad one fails before any subprocess
+        resolve_mask_token_id(draft, _target_tokenizer(cfg), int(text.vocab_size))
     layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
@@ -203,6 +210,21 @@ def _check_grammar_backend(name, reasoning_parser) -> None:
             "with DFLASH (its grammars cannot be rolled back inside the reasoning wrapper); "
             "use --grammar-backend xgrammar or llguidance"
         )
+
+
+def _target_tokenizer(cfg):
+    """The target's tokenizer as SGLang's workers load it (None under --skip-tokenizer-init)."""
+    if cfg.skip_tokenizer_init:
+        return None
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    return get_tokenizer(
+        cfg.tokenizer_path,
+        tokenizer_mode=cfg.tokenizer_mode,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.revision,
+        tokenizer_backend=cfg.tokenizer_backend,
+    )
 
 
 def _target_model_class(target) -> tuple[str, type]:

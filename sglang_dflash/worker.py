@@ -56,7 +56,7 @@ from sglang_dflash import (
 )
 from sglang_dflash.attention import SdpaDraftAttention, planning_lens
 from sglang_dflash.block import extend_positions, gather_slots
-from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir
+from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir, resolve_mask_token_id
 from sglang_dflash.cpu import verify_attention
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.draft_pool import DraftKVPool
@@ -177,6 +177,7 @@ class DFlashWorker(BaseSpecWorker):
         )
         text_config = runner.model_config.hf_text_config
         self.vocab_size = int(runner.model_config.vocab_size)
+        self.config = resolve_mask_token_id(self.config, target_worker.tokenizer, self.vocab_size)
         layer_ids = self.config.check_target(
             hidden_size=int(text_config.hidden_size),
             vocab_size=self.vocab_size,

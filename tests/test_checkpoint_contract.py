@@ -28,11 +28,6 @@ def _top(**kwargs):
     return lambda d: d.update(kwargs)
 
 
-def _mask_token_string(d):
-    d["dflash_config"].pop("mask_token_id")
-    d["dflash_config"]["mask_token"] = "<|MASK|>"
-
-
 def _sliding_without_types(d):
     d.pop("layer_types")
     d["use_sliding_window"] = True
@@ -61,7 +56,6 @@ CONFIG_CASES = [
     pytest.param(
         _dc(selector_rank=8, selector_top_k=4), "declares DFlash2 (candidate selector)", id="selector-keys"
     ),
-    pytest.param(_mask_token_string, "declares a mask token given as a string", id="mask-token-string"),
     pytest.param(
         _top(has_embed_tokens=True, quantization_config={"quant_algo": "W4A16_NVFP4"}),
         "'has_embed_tokens' = True declares Nemotron-3.5",

@@ -1,9 +1,9 @@
 """Greedy losslessness on the other target and pool shapes users serve, each against the same
 engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
-The Mistral case also serves a draft whose config has no block_size, and "draft-options" a draft
-with Gemma norms, partial GPT-J RoPE and clamped SwiGLU (the llama target's plain outputs are
-shared).
+The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
+and "draft-options" a draft with Gemma norms, partial GPT-J RoPE and clamped SwiGLU (the llama
+target's plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -94,9 +94,14 @@ def served(request, tiny):
     want = _PLAIN_OUTPUTS[key]
     draft = tiny.draft("a")
     if request.param == "mistral":
-        # A checkpoint without block_size drafts blocks of 16 (SGLang's default), draft "a"'s
-        # own block: the same proposals, served instead of refused.
-        draft = tiny.edited_draft("a", "no-block-size", lambda d: d.pop("block_size"))
+        # A checkpoint without block_size drafts blocks of 16 (SGLang's default), and one without
+        # mask_token_id uses the tokenizer's id for "<|MASK|>" (SGLang's default mask_token):
+        # draft "a"'s own block and mask id, served instead of refused.
+        def no_defaults(d):
+            d.pop("block_size")
+            d["dflash_config"].pop("mask_token_id")
+
+        draft = tiny.edited_draft("a", "no-block-size-no-mask-id", no_defaults)
     if request.param == "draft-options":
         draft = tiny.edited_draft("a", "options", lambda d: d.update(DRAFT_OPTIONS))
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
