@@ -10,8 +10,6 @@ acceptance would collapse without a word. So nothing is ignored:
     here as metadata that carries no maths, or refused by name with the family it declares;
   * a tensor is a weight of the draft network, or listed here as inert (a rotary cache), or
     refused by name with the family its name belongs to;
-  * a trained `mask_embedding.pt` beside the weights is refused (it would change the block's
-    embedding).
 
 A refusal is one line: the field or tensor, its value, the family, and the way out
 (`SGLANG_DFLASH_IMPL=builtin`, which hands DFLASH back to SGLang's built-in worker).
@@ -21,7 +19,6 @@ See docs/serving.md ("Draft checkpoints").
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
@@ -294,16 +291,4 @@ def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[st
         raise RefusedCheckpoint(
             f"draft checkpoint tensor {name!r} is not a weight of a DFlash draft, and sglang-dflash "
             f"would otherwise ignore it; {WAY_OUT}"
-        )
-
-
-MASK_EMBEDDING = "mask_embedding.pt"
-
-
-def check_directory(path: str) -> None:
-    """Files beside the weights that would change the draft's inputs."""
-    if os.path.isfile(os.path.join(path, MASK_EMBEDDING)):
-        raise RefusedCheckpoint(
-            f"draft checkpoint {path!r} has a trained {MASK_EMBEDDING}, which replaces the mask "
-            f"token's embedding; sglang-dflash does not serve it yet; {WAY_OUT}"
         )

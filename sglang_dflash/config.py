@@ -20,13 +20,17 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from sglang_dflash import checkpoint_contract
 from sglang_dflash.checkpoint_contract import CheckpointError
 
+if TYPE_CHECKING:
+    import torch
+
 ARCHITECTURE = "DFlashDraftModel"
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
+MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -56,7 +60,7 @@ def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str
     try:
         from huggingface_hub import snapshot_download
 
-        patterns = ["*.json", "*.safetensors", checkpoint_contract.MASK_EMBEDDING]
+        patterns = ["*.json", "*.safetensors", MASK_EMBEDDING]
         return snapshot_download(path, revision=revision, allow_patterns=patterns)
     except Exception as error:
         raise CheckpointError(
@@ -391,6 +395,40 @@ def resolve_mask_token_id(config: DFlashDraftConfig, tokenizer, vocab_size: int)
             f"vocab_size {vocab_size} (the target's embedding cannot be resized for it)"
         )
     return dataclasses.replace(config, mask_token_id=int(token_id))
+
+
+def load_mask_embedding(path: str, config: DFlashDraftConfig) -> Optional["torch.Tensor"]:
+    """A trained mask-token embedding [H] saved beside the draft (`mask_embedding.pt`, holding
+    `{"embedding": [H], "mask_token_id": int}`), checked as SGLang's built-in checks it; None if
+    there is none. The draft embeds its MASK rows with it instead of the target's row."""
+    import torch
+
+    file = os.path.join(path, MASK_EMBEDDING)
+    if not os.path.isfile(file):
+        return None
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"draft {MASK_EMBEDDING} cannot be read: {error}") from error
+    if not isinstance(saved, dict) or "embedding" not in saved or "mask_token_id" not in saved:
+        raise CheckpointError(f"draft {MASK_EMBEDDING} must hold 'embedding' and 'mask_token_id'")
+    if saved.get("per_position"):
+        raise CheckpointError(
+            f"draft {MASK_EMBEDDING} has per_position=True (one embedding per block position), "
+            f"which neither sglang-dflash nor SGLang's built-in serves"
+        )
+    if int(saved["mask_token_id"]) != config.mask_token_id:
+        raise CheckpointError(
+            f"draft {MASK_EMBEDDING} was trained with mask_token_id={int(saved['mask_token_id'])}, "
+            f"but the draft's mask token id is {config.mask_token_id}"
+        )
+    embedding = saved["embedding"]
+    if not isinstance(embedding, torch.Tensor) or tuple(embedding.shape) != (config.hidden_size,):
+        shape = tuple(embedding.shape) if isinstance(embedding, torch.Tensor) else type(embedding).__name__
+        raise CheckpointError(
+            f"draft {MASK_EMBEDDING}'s embedding has shape {shape}, expected ({config.hidden_size},)"
+        )
+    return embedding
 
 
 def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_dflash import checkpoint_contract
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig, load_mask_embedding
 from sglang_dflash.tensor_parallel import TensorParallel
 
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
@@ -287,7 +287,6 @@ class DFlashDraftModel(nn.Module):
             model = model.to(dtype=dtype).to_empty(device=device)  # cast on meta: no fp32 copy
             init_weights(model)
             return model.eval()
-        checkpoint_contract.check_directory(path)
         state = _read_safetensors(path)
         model.load_checkpoint_state(state)
         return model.to(device=device, dtype=dtype).eval()
@@ -319,7 +318,7 @@ class DFlashDraftModel(nn.Module):
         """The checkpoint's weights against the network the config describes, from the
         safetensors headers only (no tensor is read): for the launching process, so a bad
         checkpoint fails there with one line, not inside the scheduler."""
-        checkpoint_contract.check_directory(path)
+        load_mask_embedding(path, config)
         with torch.device("meta"):
             model = cls(config, num_target_features)
         header = read_weight_header(path)

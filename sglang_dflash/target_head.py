@@ -49,7 +49,9 @@ class TargetHead:
 
         self.vocab_size = vocab_size
         self.tp = tp
-        self.embed = unwrap_lora_layer(model.get_input_embeddings())
+        self.embedding = unwrap_lora_layer(model.get_input_embeddings())
+        self.embed = self.embedding  # replaced by `use_trained_mask_row`
+        self.mask_row_kind = "target's"
         head = unwrap_lora_layer(_find_lm_head(model))
         # This rank's columns of the logits: tokens vocab_start + [0, num_valid); under TP the
         # slice is padded to the same width P on every rank (padding rows at the vocab's end).
@@ -68,6 +70,36 @@ class TargetHead:
             self.weight = head.weight[:rows]  # [V, H] (or [P, H] per rank): padding rows dropped
             self.kind = "dense"
         self.local_width = rows
+
+    @torch.no_grad()
+    def use_trained_mask_row(self, mask_token_id: int, trained: torch.Tensor) -> None:
+        """Embed `mask_token_id` with a trained row (`mask_embedding.pt`) in the draft's blocks.
+
+        SGLang's built-in writes the row into the target's embedding table, which also changes
+        what the target sees for that token. Here the target's table is left as it is: the row
+        is written in only long enough to run the module's forward on it once (so the draft gets
+        what the built-in's draft gets, any embedding scale and the TP all-reduce included),
+        and `embed` then swaps that output in for the mask token's rows.
+        """
+        weight = self.embedding.weight
+        shard = getattr(self.embedding, "shard_indices", None)
+        start = shard.org_vocab_start_index if shard is not None else 0
+        end = shard.org_vocab_end_index if shard is not None else weight.shape[0]
+        local = mask_token_id - start if start <= mask_token_id < end else None  # on this rank?
+        if local is not None:
+            original = weight[local].clone()
+            weight[local] = trained.to(device=weight.device, dtype=weight.dtype)
+        ids = torch.tensor([mask_token_id], device=weight.device)
+        row = self.embedding(ids)[0].clone()  # [H]; every rank takes part under TP
+        if local is not None:
+            weight[local] = original
+
+        def embed(ids: torch.Tensor) -> torch.Tensor:
+            # ids [N] -> [N, H]: the target's rows, and the trained row where ids is the mask.
+            return torch.where((ids == mask_token_id)[:, None], row, self.embedding(ids))
+
+        self.embed = embed
+        self.mask_row_kind = "trained (mask_embedding.pt)"
 
     def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> this rank's logits [..., V] (or [..., P] per rank under TP).

@@ -56,7 +56,12 @@ from sglang_dflash import (
 )
 from sglang_dflash.attention import SdpaDraftAttention, planning_lens
 from sglang_dflash.block import extend_positions, gather_slots
-from sglang_dflash.config import DFlashDraftConfig, resolve_checkpoint_dir, resolve_mask_token_id
+from sglang_dflash.config import (
+    DFlashDraftConfig,
+    load_mask_embedding,
+    resolve_checkpoint_dir,
+    resolve_mask_token_id,
+)
 from sglang_dflash.cpu import verify_attention
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.draft_pool import DraftKVPool
@@ -208,6 +213,9 @@ class DFlashWorker(BaseSpecWorker):
         self.draft_forward, forward_choice = self._choose_forward(int(runner.model_config.context_len))
         target = runner.model
         self.head = TargetHead(target, self.vocab_size, self.tp)  # the draft's embedding and LM head
+        trained_mask_row = load_mask_embedding(path, self.config)
+        if trained_mask_row is not None:
+            self.head.use_trained_mask_row(self.config.mask_token_id, trained_mask_row)
         self.store: Optional[DraftKVStore] = None
         self.kv_pool: Optional[DraftKVPool] = None  # the store, as SGLang's KV pool of the draft
         self.context_check: Optional[draft_context.DraftContextCheck] = None  # PD decode engines
@@ -254,15 +262,16 @@ class DFlashWorker(BaseSpecWorker):
                 *self.simulated_acceptance,
             )
         logger.info(
-            "DFLASH is served by %s %s: draft=%s layers=%d draft_options=%s target_layer_ids=%s (%s) "
-            "block_size=%d verify_width=%d (%s) draft_window=%s device=%s dtype=%s draft_forward=%s "
-            "lm_head=%s grammar_aware_proposals=%s hidden_states=%s "
+            "DFLASH is served by %s %s: draft=%s layers=%d draft_options=%s mask_row=%s "
+            "target_layer_ids=%s (%s) block_size=%d verify_width=%d (%s) draft_window=%s device=%s "
+            "dtype=%s draft_forward=%s lm_head=%s grammar_aware_proposals=%s hidden_states=%s "
             "linear_attention_state_commit=%s%s%s%s%s%s",
             IMPL_NAME,
             __version__,
             path,
             self.config.num_hidden_layers,
             ", ".join(self.config.options_in_use()) or "none",
+            self.head.mask_row_kind,
             list(layer_ids),
             self.features.describe(),
             self.block_size,

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig, load_mask_embedding
 from sglang_dflash.draft_model import DFlashDraftModel
 from tests.tiny_models import draft_config_dict
 
@@ -250,13 +250,29 @@ def test_quantized_weights_are_refused_by_their_dtype(tmp_path, plain_checkpoint
         DFlashDraftModel.from_pretrained(path, config, 1)
 
 
-def test_a_trained_mask_embedding_is_refused(tmp_path, plain_checkpoint):
-    """mask_embedding.pt (was never read)."""
+@pytest.mark.parametrize(
+    "saved, message",
+    [
+        ({"embedding": torch.zeros(H), "mask_token_id": 1}, None),
+        ({"embedding": torch.zeros(H), "mask_token_id": 2}, "trained with mask_token_id=2, but the draft's"),
+        ({"embedding": torch.zeros(H + 1), "mask_token_id": 1}, "embedding has shape (65,), expected (64,)"),
+        ({"embedding": torch.zeros(H), "mask_token_id": 1, "per_position": True}, "per_position=True"),
+        ({"mask_token_id": 1}, "must hold 'embedding' and 'mask_token_id'"),
+    ],
+    ids=["served", "another-mask-id", "misshapen", "per-position", "no-embedding"],
+)
+def test_a_trained_mask_embedding_is_checked_at_launch(tmp_path, plain_checkpoint, saved, message):
+    """mask_embedding.pt (was never read): checked as SGLang's built-in checks it, in the
+    launching process; `test_target_head.py` checks what the draft then embeds."""
     _, config, tensors = plain_checkpoint
     path = _write(tmp_path, plain_checkpoint, tensors)
-    torch.save({"embedding": torch.zeros(H), "mask_token_id": 1}, os.path.join(path, "mask_embedding.pt"))
-    with pytest.raises(CheckpointError, match=f"trained mask_embedding.pt.*{WAY_OUT}"):
+    torch.save(saved, os.path.join(path, "mask_embedding.pt"))
+    if message is None:
         DFlashDraftModel.check_checkpoint(path, config, 1)
+        assert torch.equal(load_mask_embedding(path, config), saved["embedding"])
+    else:
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            DFlashDraftModel.check_checkpoint(path, config, 1)
 
 
 def test_vendor_names_and_rotary_caches_load_as_the_plain_draft(tmp_path, plain_checkpoint):

@@ -110,3 +110,24 @@ def test_scaled_embeddings_are_what_the_target_feeds_its_first_layer():
     head = TargetHead(Target(embed, _linear_head(torch.randn(V, H))), V)
     ids = torch.tensor([3, 9, 27])
     torch.testing.assert_close(head.embed(ids), embed.weight[ids] * H**0.5)
+
+
+def test_a_trained_mask_row_reaches_the_draft_and_leaves_the_target_alone():
+    """`mask_embedding.pt`: the draft's MASK rows get what SGLang's built-in feeds its draft,
+    the module's forward on the trained row (here with Gemma's embedding scale); every other
+    token, and the target's own table, stay as they are."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3TextScaledWordEmbedding
+
+    torch.manual_seed(5)
+    embed = Gemma3TextScaledWordEmbedding(V, H, padding_idx=0, embed_scale=H**0.5)
+    table = embed.weight.detach().clone()
+    head = TargetHead(Target(embed, _linear_head(torch.randn(V, H))), V)
+    assert head.mask_row_kind == "target's"
+    mask_id, trained = 7, torch.randn(H)
+    head.use_trained_mask_row(mask_id, trained)
+    ids = torch.tensor([3, 7, 7, 27])
+    want = table[ids] * H**0.5
+    want[1:3] = trained * H**0.5
+    torch.testing.assert_close(head.embed(ids), want)
+    assert torch.equal(embed.weight, table)  # the target embeds the mask token as before
+    assert head.mask_row_kind == "trained (mask_embedding.pt)"

@@ -2,8 +2,8 @@
 engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
-and "draft-options" a draft with Gemma norms, partial GPT-J RoPE and clamped SwiGLU (the llama
-target's plain outputs are shared).
+and "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU and a trained
+mask embedding (the llama target's plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -67,6 +67,21 @@ def _target(tiny, family):
     return path
 
 
+def _save_mask_embedding(target: str, draft: str) -> None:
+    """A trained mask row beside the draft: the target's row for the mask token, perturbed."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.tiny_models import MASK_ID
+
+    (weights,) = glob.glob(os.path.join(target, "*.safetensors"))
+    row = load_file(weights)["model.embed_tokens.weight"][MASK_ID].float()
+    trained = row + 0.1 * row.std() * torch.randn(row.shape, generator=torch.Generator().manual_seed(0))
+    torch.save({"embedding": trained, "mask_token_id": MASK_ID}, os.path.join(draft, "mask_embedding.pt"))
+
+
 def _run(engine, batch_size, routed_experts):
     out = []
     for i in range(0, len(PROMPTS), batch_size):
@@ -104,6 +119,7 @@ def served(request, tiny):
         draft = tiny.edited_draft("a", "no-block-size-no-mask-id", no_defaults)
     if request.param == "draft-options":
         draft = tiny.edited_draft("a", "options", lambda d: d.update(DRAFT_OPTIONS))
+        _save_mask_embedding(target, draft)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
