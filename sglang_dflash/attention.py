@@ -76,14 +76,27 @@ def attend_with_context(
     v: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Block queries over `[context K/V ; block K/V]` by SDPA, in the queries' dtype.
 
     q [b, Q, heads, d]; k_ctx, v_ctx [b, C, kv_heads, d]; k, v [b, Q, kv_heads, d];
     mask [b, 1, Q, C + Q] (True: may attend) -> [b, Q, heads, d].
+
+    sinks [heads]: gpt-oss style sink logits (MiMo drafts). Each head's softmax gets one more
+    term, exp(sink), that carries no value: out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}).
+    SDPA computes that with one extra key of zeros (score 0) and value zeros, its additive mask
+    entry set to the sink.
     """
     keys = torch.cat([k_ctx.to(q.dtype), k.to(q.dtype)], dim=1).transpose(1, 2)
     values = torch.cat([v_ctx.to(q.dtype), v.to(q.dtype)], dim=1).transpose(1, 2)
+    if sinks is not None:
+        b, kv_heads, _, d = keys.shape
+        zeros = keys.new_zeros(b, kv_heads, 1, d)
+        keys, values = torch.cat([keys, zeros], dim=2), torch.cat([values, zeros], dim=2)
+        additive = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        sink_column = sinks.to(q.dtype)[None, :, None, None].expand(b, -1, mask.shape[2], 1)
+        mask = torch.cat([additive.expand(b, sinks.shape[0], -1, -1), sink_column], dim=-1)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != q.shape[2]
     )  # [b, heads, Q, d]
@@ -96,11 +109,18 @@ class SdpaDraftAttention:
     Shapes: bs requests, Bd block tokens each, C = longest committed context in the batch.
     """
 
-    def __init__(self, config: DFlashDraftConfig, store: DraftKVStore, context_window: Optional[int] = None):
+    def __init__(
+        self,
+        config: DFlashDraftConfig,
+        store: DraftKVStore,
+        context_window: Optional[int] = None,
+        sinks: Optional[list[torch.Tensor]] = None,
+    ):
         self.config = config
         self.store = store
         self.context_window = context_window
         self.scale = config.head_dim**-0.5
+        self.sinks = sinks  # per layer [heads on this rank] (`DFlashDraftModel.attention_sinks`)
 
     def bind(
         self,
@@ -155,5 +175,6 @@ class SdpaDraftAttention:
             v.unflatten(0, (bs, -1)),
             self.masks[layer_id],
             self.scale,
+            None if self.sinks is None else self.sinks[layer_id],
         )
         return out.flatten(0, 1)

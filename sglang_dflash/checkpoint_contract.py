@@ -67,10 +67,12 @@ def refuse_architecture(architectures: Any) -> None:
 @dataclass(frozen=True)
 class Declares:
     """A config key that declares maths this package does not implement, unless it holds the
-    value that turns the feature off."""
+    value that turns the feature off; `top_level_only`: served in `dflash_config`, refused at
+    the top level (where SGLang's plain draft does not read it)."""
 
     family: str
     is_off: Callable[[Any], bool]
+    top_level_only: bool = False
 
 
 def _absent(value: Any) -> bool:
@@ -119,8 +121,16 @@ REFUSED_KEYS: dict[str, Declares] = {
     # Options of the plain family.
     "conv_kernel_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
     "conv_group_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
-    "attention_sink_bias": Declares("MiMo attention sinks (attention_sink_bias)", _falsy),
-    "attention_value_scale": Declares("MiMo value scale (attention_value_scale)", _one),
+    "attention_sink_bias": Declares(
+        "Nemotron-3.5 style attention sinks (at the top level; MiMo's are read from dflash_config)",
+        _falsy,
+        top_level_only=True,
+    ),
+    "attention_value_scale": Declares(
+        "a value scale at the top level (SGLang reads MiMo's from dflash_config)",
+        _absent,
+        top_level_only=True,
+    ),
     "mlp_bias": Declares("MLP biases (mlp_bias)", _falsy),
 }
 FAMILY_PREFIXES = ("lilicorr_", "markov_")  # LiLiCorr's head, DSpark's Markov head
@@ -183,6 +193,8 @@ def check_config(raw: dict) -> None:
     scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
     for key, rule in REFUSED_KEYS.items():
         for where, scope in scopes:
+            if rule.top_level_only and where:
+                continue
             if key in scope and not rule.is_off(scope[key]):
                 _refuse_key(where + key, scope[key], rule.family)
     for where, scope in scopes:
@@ -235,7 +247,7 @@ def _refuse_key(name: str, value: Any, family: str) -> None:
 TENSOR_FAMILIES = (
     (r"^layers\.\d+\.(attention_conv|mlp_conv)\.", "grouped dynamic convolution"),
     (r"^(prefix_gru|embed_proj)\.", "Domino (GRU rollout projector)"),
-    (r"\.attention_sink_bias$", "MiMo attention sinks"),
+    (r"\.attention_sink_bias$", "attention sinks (MiMo's need dflash_config.attention_sink_bias)"),
     (r"^candidate_selector\.", "DFlash2 (candidate selector)"),
     (r"^lilicorr\.", "LiLiCorr (lattice correction head)"),
     (r"^aux_hidden_norms\.|\.self_attn\.g_proj\.", "Laguna (gated attention, per-slice feature norms)"),

@@ -111,16 +111,26 @@ class DFlashDraftConfig:
     hidden_act: str = "silu"  # or "swigluoai": gpt-oss's clamped SwiGLU
     swiglu_alpha: Optional[float] = None  # swigluoai only
     swiglu_limit: Optional[float] = None  # swigluoai only
+    # MiMo's extras (dflash_config only, as SGLang reads them): a per-head sink logit in every
+    # layer's attention softmax (tensors `layers.N.self_attn.attention_sink_bias`), and V scaled
+    # by a constant for the block and the context alike.
+    attention_sink_bias: bool = False
+    attention_value_scale: Optional[float] = None
 
     @property
     def rope_width(self) -> int:
         """How many leading dims of each head RoPE rotates."""
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
-    def options_in_use(self, *, mlp: bool = True) -> list[str]:
+    def options_in_use(self, *, mlp: bool = True, attention: bool = True) -> list[str]:
         """The options that depart from plain z-lab maths (Qwen3 norms, full-width neox RoPE,
-        SiLU), named for start-up lines; `mlp=False` leaves out the MLP's activation."""
+        SiLU, plain softmax attention, unscaled V), named for start-up lines; `mlp=False` leaves
+        out the MLP's activation, `attention=False` the attention's sinks."""
         options = []
+        if attention and self.attention_sink_bias:
+            options.append("attention sinks")
+        if self.attention_value_scale is not None and self.attention_value_scale != 1.0:
+            options.append(f"V scaled by {self.attention_value_scale}")
         if self.use_gemma_norm:
             options.append("Gemma norms")
         if self.rope_width != self.head_dim:
@@ -218,6 +228,20 @@ class DFlashDraftConfig:
                         f"draft config field {name!r} must be a positive number, got {value!r}"
                     )
                 swiglu[name] = float(value)
+        sinks = dflash.get("attention_sink_bias", False)
+        if not isinstance(sinks, bool):
+            raise CheckpointError(
+                f"draft config field 'attention_sink_bias' must be a boolean, got {sinks!r}"
+            )
+        value_scale = dflash.get("attention_value_scale")
+        if value_scale is not None and (
+            not isinstance(value_scale, (int, float))
+            or isinstance(value_scale, bool)
+            or not math.isfinite(value_scale)
+        ):
+            raise CheckpointError(
+                f"draft config field 'attention_value_scale' must be a number, got {value_scale!r}"
+            )
         gemma = get("use_gemma_norm", False)
         if not isinstance(gemma, bool):
             raise CheckpointError(f"draft config field 'use_gemma_norm' must be a boolean, got {gemma!r}")
@@ -309,6 +333,8 @@ class DFlashDraftConfig:
             use_gemma_norm=gemma,
             hidden_act=act,
             **swiglu,
+            attention_sink_bias=sinks,
+            attention_value_scale=None if value_scale is None else float(value_scale),
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,

@@ -146,6 +146,11 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias and tp.rank == 0)
         self.q_norm = _norm(config, config.head_dim)
         self.k_norm = _norm(config, config.head_dim)
+        self.value_scale = config.attention_value_scale  # None: V as projected
+        # MiMo: one sink logit per head (this rank's heads), read by the attention (`attend`).
+        self.attention_sink_bias = (
+            nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sink_bias else None
+        )
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -153,6 +158,8 @@ class DFlashAttention(nn.Module):
         """x [N, H] -> k, v [N, kv_heads, head_dim]; k is k_norm'ed and rotated."""
         k = self.k_norm(self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        if self.value_scale is not None:  # the block's V and the context's alike, as in SGLang
+            v = v * self.value_scale
         return self.rope(k, cos, sin), v
 
     def forward(
@@ -201,6 +208,7 @@ SHARDED_DIMS = {
     "gate_proj.weight": 0,
     "up_proj.weight": 0,
     "down_proj.weight": 1,
+    "self_attn.attention_sink_bias": 0,
 }
 
 
@@ -242,6 +250,12 @@ class DFlashDraftModel(nn.Module):
         self.norm = _norm(config, config.hidden_size)
         self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = _norm(config, config.hidden_size)
+
+    def attention_sinks(self) -> Optional[list[torch.Tensor]]:
+        """Per layer, the sink logits [heads on this rank] of MiMo drafts; None without sinks."""
+        if not self.config.attention_sink_bias:
+            return None
+        return [layer.self_attn.attention_sink_bias for layer in self.layers]
 
     # ------------------------------------------------------------ layer maths
 

@@ -83,6 +83,8 @@ def unavailable_reason(config: DFlashDraftConfig, device: torch.device) -> Optio
     """Why FlashInfer cannot run this draft's attention on `device`, or None if it can."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
+    if config.attention_sink_bias:
+        return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
     try:
         import flashinfer  # noqa: F401
     except ImportError as error:

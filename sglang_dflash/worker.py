@@ -510,7 +510,9 @@ class DFlashWorker(BaseSpecWorker):
                 q_dtype=self.model_runner.dtype,
             )
         self.attention_name = f"torch-sdpa ({self.flashinfer_unavailable})"
-        return SdpaDraftAttention(self.config, self.store, self.context_window)
+        return SdpaDraftAttention(
+            self.config, self.store, self.context_window, sinks=self.draft_model.attention_sinks()
+        )
 
     def server_info(self) -> str:
         return f"{IMPL_NAME} {__version__}"

@@ -46,8 +46,14 @@ CONFIG_CASES = [
         "'dflash_config.projector_type' = 'domino' declares Domino",
         id="domino",  # was accepted
     ),
-    pytest.param(_dc(attention_sink_bias=True), "declares MiMo attention sinks", id="mimo-sinks"),
-    pytest.param(_dc(attention_value_scale=0.5), "declares MiMo value scale", id="mimo-value-scale"),
+    pytest.param(
+        _top(attention_sink_bias=True),
+        "'attention_sink_bias' = True declares Nemotron-3.5 style",
+        id="top-sinks",
+    ),
+    pytest.param(
+        _top(attention_value_scale=0.5), "declares a value scale at the top level", id="top-value-scale"
+    ),
     pytest.param(
         _top(quantization_config={"quant_method": "fp8"}),
         "declares quantized draft weights",
@@ -114,6 +120,7 @@ def test_other_families_are_refused_by_their_name(architecture, family):
     [
         _dc(conv_kernel_size=0, conv_group_size=0),
         _dc(attention_sink_bias=False, attention_value_scale=None),
+        _dc(attention_sink_bias=True, attention_value_scale=0.5),  # served (MiMo)
         _top(use_gemma_norm=False, partial_rotary_factor=1.0, rope_is_neox_style=True),
         _top(use_gemma_norm=True, partial_rotary_factor=0.5, rope_is_neox_style=False),  # served
         _top(rope_scaling={"rope_type": "default", "rope_dim": 8}),  # served
@@ -124,8 +131,8 @@ def test_other_families_are_refused_by_their_name(architecture, family):
         _top(torch_dtype="bfloat16", transformers_version="4.57.1", bos_token_id=0, eos_token_id=2),
         _top(output_hidden_states=False, id2label={"0": "LABEL_0"}),  # transformers' generic keys
     ],
-    ids=["conv-off", "mimo-off", "rope-and-norm-defaults", "gemma-and-rope-options", "rope-dim", "swigluoai",
-         "mrope-on-1d-positions", "mask-token-with-id",
+    ids=["conv-off", "mimo-off", "mimo", "rope-and-norm-defaults", "gemma-and-rope-options", "rope-dim",
+         "swigluoai", "mrope-on-1d-positions", "mask-token-with-id",
          "nulls", "provenance", "hf-generic"],
 )  # fmt: skip
 def test_keys_that_change_nothing_are_accepted(edit):
@@ -197,8 +204,8 @@ TENSOR_CASES = [
     ),
     pytest.param(
         {"layers.0.self_attn.attention_sink_bias": torch.zeros(4)},
-        "'layers.0.self_attn.attention_sink_bias' belongs to MiMo attention sinks",
-        id="mimo-sinks",  # was accepted
+        "'layers.0.self_attn.attention_sink_bias' belongs to attention sinks",
+        id="sinks-without-the-config-key",  # was accepted
     ),
     pytest.param(
         {"layers.0.mlp.up_proj.weight_scale": torch.ones(1)},

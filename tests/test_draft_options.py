@@ -217,3 +217,66 @@ def test_rope_dim_supersedes_partial_rotary_factor_and_other_rope_types_are_refu
         DFlashDraftConfig.from_dict(_raw({**yarn, "partial_rotary_factor": 0.5}))
     with pytest.raises(CheckpointError, match="'swiglu_limit'"):
         DFlashDraftConfig.from_dict(_raw({"hidden_act": "swigluoai", "swiglu_alpha": 1.0}))
+
+
+# ------------------------------------------------------------------------- MiMo's extras
+
+
+def test_attention_sinks_add_a_valueless_term_to_each_heads_softmax():
+    """`attend_with_context` with sinks against the softmax written out by hand:
+    out_h = sum_j e^{s_hj} v_j / (sum_j e^{s_hj} + e^{sink_h}), over the visible keys only."""
+    from sglang_dflash.attention import attend_with_context
+
+    gen = torch.Generator().manual_seed(3)
+    b, q_len, c, heads, kv_heads, d = 2, 3, 5, 4, 2, 8
+    q = torch.randn(b, q_len, heads, d, generator=gen)
+    k_ctx, v_ctx = torch.randn(2, b, c, kv_heads, d, generator=gen)
+    k, v = torch.randn(2, b, q_len, kv_heads, d, generator=gen)
+    mask = torch.rand(b, 1, q_len, c + q_len, generator=gen) < 0.7
+    mask[..., -1] = True  # every query sees at least one key
+    sinks = torch.tensor([-1.0, 0.5, 2.0, 4.0])
+    got = attend_with_context(q, k_ctx, v_ctx, k, v, mask, d**-0.5, sinks)
+
+    keys = torch.cat([k_ctx, k], 1).repeat_interleave(heads // kv_heads, dim=2)  # [b, C+Q, heads, d]
+    values = torch.cat([v_ctx, v], 1).repeat_interleave(heads // kv_heads, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, keys) * d**-0.5
+    weights = torch.exp(scores).masked_fill(~mask, 0.0)  # [b, heads, Q, C+Q]
+    denominator = weights.sum(-1, keepdim=True) + torch.exp(sinks)[None, :, None, None]
+    want = torch.einsum("bhqk,bkhd->bqhd", weights / denominator, values)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    without = attend_with_context(q, k_ctx, v_ctx, k, v, mask, d**-0.5)
+    assert not torch.allclose(without, want, rtol=1e-3, atol=1e-3)  # the sinks matter
+
+
+def test_the_value_scale_applies_to_the_context_and_the_block():
+    """SGLang scales V in the block's forward and in the context K/V it writes alike."""
+    raw = _raw({})
+    scaled = _raw({"dflash_config": {**raw["dflash_config"], "attention_value_scale": 0.5}})
+    plain, halved = _model(raw), _model(scaled)
+    context, positions = torch.randn(5, plain.config.hidden_size), torch.arange(5)
+    (k0, v0), (k1, v1) = plain.context_kv(context, positions), halved.context_kv(context, positions)
+    torch.testing.assert_close(k1, k0)
+    torch.testing.assert_close(v1, 0.5 * v0)
+    assert "V scaled by 0.5" in halved.config.options_in_use()
+
+
+def test_sinks_take_sdpa_and_are_loaded_per_head(tmp_path):
+    """The sink tensors load into each layer (sharded by head under TP), and FlashInfer's draft
+    attention, which has no sink term here, is refused for them by name."""
+    from sglang_dflash import flashinfer_attention
+    from sglang_dflash.draft_model import shard_checkpoint_tensor
+    from sglang_dflash.tensor_parallel import TensorParallel
+
+    raw = _raw({"dflash_config": {**_raw({})["dflash_config"], "attention_sink_bias": True}})
+    model = _model(raw)
+    model.save_pretrained(str(tmp_path), raw)
+    loaded = DFlashDraftModel.from_pretrained(str(tmp_path), model.config, 2)
+    for want, got in zip(model.attention_sinks(), loaded.attention_sinks()):
+        assert torch.equal(want, got)
+    sinks = model.layers[0].self_attn.attention_sink_bias.detach()
+    rank1 = shard_checkpoint_tensor(
+        "layers.0.self_attn.attention_sink_bias", sinks, TensorParallel(size=2, rank=1)
+    )
+    assert torch.equal(rank1, sinks[2:])
+    reason = flashinfer_attention.unavailable_reason(model.config, torch.device("cuda"))
+    assert "attention sinks" in reason

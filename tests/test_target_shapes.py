@@ -2,8 +2,9 @@
 engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
-and "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU and a trained
-mask embedding (the llama target's plain outputs are shared).
+and "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
+embedding, and MiMo's attention sinks and value scale (the llama target's plain outputs are
+shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -67,6 +68,30 @@ def _target(tiny, family):
     return path
 
 
+def _with_draft_options(config: dict) -> None:
+    config.update(DRAFT_OPTIONS)
+    config["dflash_config"].update(attention_sink_bias=True, attention_value_scale=0.75)  # MiMo's
+
+
+def _add_attention_sinks(draft: str) -> None:
+    """MiMo's per-head sink logits, one tensor per draft layer."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(draft, "config.json")) as f:
+        config = json.load(f)
+    file = os.path.join(draft, "model.safetensors")
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(1)
+    for i in range(config["num_hidden_layers"]):
+        tensors[f"layers.{i}.self_attn.attention_sink_bias"] = torch.randn(
+            config["num_attention_heads"], generator=gen
+        )
+    save_file(tensors, file)
+
+
 def _save_mask_embedding(target: str, draft: str) -> None:
     """A trained mask row beside the draft: the target's row for the mask token, perturbed."""
     import glob
@@ -118,8 +143,9 @@ def served(request, tiny):
 
         draft = tiny.edited_draft("a", "no-block-size-no-mask-id", no_defaults)
     if request.param == "draft-options":
-        draft = tiny.edited_draft("a", "options", lambda d: d.update(DRAFT_OPTIONS))
+        draft = tiny.edited_draft("a", "options", _with_draft_options)
         _save_mask_embedding(target, draft)
+        _add_attention_sinks(draft)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)

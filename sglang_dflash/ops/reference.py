@@ -71,9 +71,10 @@ class FusedKVWeights:
 
 def fusion_unsupported_reason(model: DFlashDraftModel) -> Optional[str]:
     """Why `fuse_weights` cannot express this model, or None."""
-    options = model.config.options_in_use(mlp=False)
+    options = model.config.options_in_use(mlp=False, attention=False)
     if options:
-        return f"the fused op computes plain norms and full-width neox RoPE, not {', '.join(options)}"
+        plain = "plain norms, full-width neox RoPE and unscaled V"
+        return f"the fused op computes {plain}, not {', '.join(options)}"
     eps = {layer.self_attn.k_norm.eps for layer in model.layers}
     if len(eps) != 1:
         return f"the draft layers' k_norm eps differ ({sorted(eps)})"
