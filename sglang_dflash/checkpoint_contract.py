@@ -119,8 +119,14 @@ REFUSED_KEYS: dict[str, Declares] = {
     "quantization_config": Declares("quantized draft weights (fp8, NVFP4, ...)", _absent),
     "text_config": Declares("a nested text_config (multimodal-style draft config)", _absent),
     # Options of the plain family.
-    "conv_kernel_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
-    "conv_group_size": Declares("grouped dynamic convolution (conv_kernel_size/conv_group_size)", _falsy),
+    **{
+        key: Declares(
+            "grouped dynamic convolution at the top level (SGLang reads it from dflash_config)",
+            _falsy,
+            top_level_only=True,
+        )
+        for key in ("conv_kernel_size", "conv_group_size")
+    },
     "attention_sink_bias": Declares(
         "Nemotron-3.5 style attention sinks (at the top level; MiMo's are read from dflash_config)",
         _falsy,
@@ -243,11 +249,12 @@ def _refuse_key(name: str, value: Any, family: str) -> None:
 
 # ------------------------------------------------------------------------------ tensors
 
-# Tensor-name patterns (after `model.` is stripped) -> the family whose weights they are.
+# Tensor-name patterns (after `model.` is stripped) -> the family whose weights they are. Served
+# families whose config keys are missing say which keys (`SERVED_WHEN_DECLARED`).
 TENSOR_FAMILIES = (
     (r"^layers\.\d+\.(attention_conv|mlp_conv)\.", "grouped dynamic convolution"),
     (r"^(prefix_gru|embed_proj)\.", "Domino (GRU rollout projector)"),
-    (r"\.attention_sink_bias$", "attention sinks (MiMo's need dflash_config.attention_sink_bias)"),
+    (r"\.attention_sink_bias$", "attention sinks"),
     (r"^candidate_selector\.", "DFlash2 (candidate selector)"),
     (r"^lilicorr\.", "LiLiCorr (lattice correction head)"),
     (r"^aux_hidden_norms\.|\.self_attn\.g_proj\.", "Laguna (gated attention, per-slice feature norms)"),
@@ -259,6 +266,10 @@ TENSOR_FAMILIES = (
         "quantized draft weights",
     ),
 )
+SERVED_WHEN_DECLARED = {
+    "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
+    "attention sinks": "dflash_config.attention_sink_bias: true",
+}
 # Tensors that hold nothing the draft computes with: HF's cached RoPE frequencies.
 INERT_TENSORS = r"(^|\.)rotary_emb\.inv_freq$"
 
@@ -295,6 +306,11 @@ def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[st
         if re.search(INERT_TENSORS, name):
             continue
         family = next((f for pattern, f in TENSOR_FAMILIES if re.search(pattern, name)), None)
+        if family in SERVED_WHEN_DECLARED:
+            raise RefusedCheckpoint(
+                f"draft checkpoint tensor {name!r} belongs to {family}, which its config does not "
+                f"declare ({SERVED_WHEN_DECLARED[family]}); {WAY_OUT}"
+            )
         if family is not None:
             raise RefusedCheckpoint(
                 f"draft checkpoint tensor {name!r} belongs to {family}, which sglang-dflash does "

@@ -116,19 +116,31 @@ class DFlashDraftConfig:
     # by a constant for the block and the context alike.
     attention_sink_bias: bool = False
     attention_value_scale: Optional[float] = None
+    # Grouped dynamic convolution (DFlash2's backbone, on any class; dflash_config only): each
+    # layer's two sublayers convolve their input and output over the block's previous
+    # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
 
     @property
     def rope_width(self) -> int:
         """How many leading dims of each head RoPE rotates."""
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
-    def options_in_use(self, *, mlp: bool = True, attention: bool = True) -> list[str]:
+    def options_in_use(self, scope: str = "all") -> list[str]:
         """The options that depart from plain z-lab maths (Qwen3 norms, full-width neox RoPE,
-        SiLU, plain softmax attention, unscaled V), named for start-up lines; `mlp=False` leaves
-        out the MLP's activation, `attention=False` the attention's sinks."""
+        SiLU, plain softmax attention, unscaled V, no convolution), named for start-up lines.
+        `scope`: "all"; "forward", what the draft network's own layer maths computes (not the
+        attention's sinks); "context_kv", what the context K/V projection computes."""
+        if scope not in ("all", "forward", "context_kv"):
+            raise ValueError(f"unknown scope {scope!r}")
         options = []
-        if attention and self.attention_sink_bias:
+        if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
+        if scope != "context_kv" and self.conv_kernel_size:
+            options.append(
+                f"grouped convolution ({self.conv_kernel_size} taps, groups of {self.conv_group_size})"
+            )
         if self.attention_value_scale is not None and self.attention_value_scale != 1.0:
             options.append(f"V scaled by {self.attention_value_scale}")
         if self.use_gemma_norm:
@@ -137,7 +149,7 @@ class DFlashDraftConfig:
             options.append(f"RoPE on {self.rope_width} of {self.head_dim} head dims")
         if not self.rope_is_neox_style:
             options.append("GPT-J style RoPE")
-        if mlp and self.hidden_act != "silu":
+        if scope != "context_kv" and self.hidden_act != "silu":
             options.append(f"hidden_act {self.hidden_act}")
         return options
 
@@ -242,6 +254,19 @@ class DFlashDraftConfig:
             raise CheckpointError(
                 f"draft config field 'attention_value_scale' must be a number, got {value_scale!r}"
             )
+        conv = {}
+        for name in ("conv_kernel_size", "conv_group_size"):
+            conv[name] = _int_field(name, dflash.get(name, 0), minimum=0)
+        if bool(conv["conv_kernel_size"]) != bool(conv["conv_group_size"]):
+            raise CheckpointError(
+                "draft config fields 'conv_kernel_size' and 'conv_group_size' go together, got "
+                f"{conv['conv_kernel_size']} and {conv['conv_group_size']}"
+            )
+        if conv["conv_group_size"] and hidden_size % conv["conv_group_size"]:
+            raise CheckpointError(
+                f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
+                f"hidden_size ({hidden_size})"
+            )
         gemma = get("use_gemma_norm", False)
         if not isinstance(gemma, bool):
             raise CheckpointError(f"draft config field 'use_gemma_norm' must be a boolean, got {gemma!r}")
@@ -334,6 +359,7 @@ class DFlashDraftConfig:
             hidden_act=act,
             **swiglu,
             attention_sink_bias=sinks,
+            **conv,
             attention_value_scale=None if value_scale is None else float(value_scale),
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),

@@ -218,6 +218,52 @@ def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, tp: TensorParallel)
     return tensor if dim is None else tp.shard(tensor, dim)
 
 
+class GroupedConv(nn.Module):
+    """Grouped dynamic convolution over each block, wrapped around one sublayer (SGLang's
+    `DFlashGroupedConv`): `prepare` convolves the sublayer's input and returns the per-token
+    coefficients that `finish` convolves its output with; both come from one projection of the
+    input. For token n of a block, channel c of group g (`group_size` channels each):
+
+        out[n, c] = sum_{t < taps} (base[side, t, c] + delta[n, t, g]) * x[n - t, c]
+
+    with x[n - t] = 0 where n - t falls before the block's first token. The block is the one the
+    draft runs (`block_size` rows per request, requests contiguous). It convolves the hidden
+    states, which are whole on every rank under tensor parallelism, so its weights are
+    replicated.
+    """
+
+    def __init__(self, hidden_size: int, block_size: int, taps: int, group_size: int):
+        super().__init__()
+        self.block_size, self.taps, self.group_size = block_size, taps, group_size
+        self.num_groups = hidden_size // group_size
+        base = torch.zeros(2, taps, hidden_size)  # [input/output side, tap, channel]
+        base[:, 0] = 1.0
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * taps * self.num_groups, bias=False)
+
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x [N, H] -> (convolved x [N, H], the output side's delta [N, taps, groups])
+        delta = self.kernel_projection(x).view(x.shape[0], 2, self.taps, self.num_groups)
+        return self._convolve(x, delta[:, 0], side=0), delta[:, 1]
+
+    def finish(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return self._convolve(x, delta, side=1)
+
+    def _convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
+        # x [N, H], delta [N, taps, G] -> [N, H]; N = R requests x B block rows.
+        b, taps, g = self.block_size, self.taps, self.num_groups
+        x = x.reshape(-1, b, g, self.group_size)  # [R, B, G, S]
+        weights = self.base_kernel[side].view(taps, g, self.group_size) + delta.reshape(-1, b, taps, g, 1)
+        # taps-1 zero rows before each request's block: row n - t of the block is row
+        # n + taps-1 - t of `padded`. E.g. taps 2, block [a, b, c]: padded [0, a, b, c]; tap 1 of
+        # token c reads b, of token a reads 0.
+        padded = F.pad(x, (0, 0, 0, 0, taps - 1, 0))  # [R, taps-1+B, G, S]
+        out = weights[:, :, 0] * x
+        for t in range(1, taps):  # over the kernel's taps (a handful), never over tokens
+            out = out + weights[:, :, t] * padded[:, taps - 1 - t : taps - 1 - t + b]
+        return out.flatten(-2).flatten(0, 1)
+
+
 class DFlashDecoderLayer(nn.Module):
     def __init__(self, config: DFlashDraftConfig, layer_id: int, tp: TensorParallel, rotary: RotaryEmbedding):
         super().__init__()
@@ -225,12 +271,30 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = DFlashMLP(config, tp)
         self.input_layernorm = _norm(config, config.hidden_size)
         self.post_attention_layernorm = _norm(config, config.hidden_size)
+        self.attention_conv = self.mlp_conv = None
+        if config.conv_kernel_size:
+            shape = (config.hidden_size, config.block_size, config.conv_kernel_size, config.conv_group_size)
+            self.attention_conv, self.mlp_conv = GroupedConv(*shape), GroupedConv(*shape)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attention = self._convolved(self.attention_conv, lambda h: self.self_attn(h, cos, sin, attend))
+        x = x + attention(self.input_layernorm(x))
+        return x + self._convolved(self.mlp_conv, self.mlp)(self.post_attention_layernorm(x))
+
+    @staticmethod
+    def _convolved(conv: Optional[GroupedConv], sublayer: Callable) -> Callable:
+        """`sublayer`, or with `conv`: its input convolved, and its output with the kernel
+        projected from that input."""
+        if conv is None:
+            return sublayer
+
+        def run(h: torch.Tensor) -> torch.Tensor:
+            h, delta = conv.prepare(h)
+            return conv.finish(sublayer(h), delta)
+
+        return run
 
 
 class DFlashDraftModel(nn.Module):

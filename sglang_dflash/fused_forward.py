@@ -139,11 +139,11 @@ def unavailable_reason(model: DFlashDraftModel, device: torch.device) -> Optiona
     """Why the fused forward cannot run `model` on `device` (None if it can)."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
-    options = model.config.options_in_use(attention=False)  # sinks are the attention's business
+    options = model.config.options_in_use("forward")  # sinks are the attention's business
     if options:
         return (
-            f"its kernels compute plain norms, full-width neox RoPE, unscaled V and SiLU, not "
-            f"{', '.join(options)}"
+            "its kernels compute plain norms, full-width neox RoPE, unscaled V, SiLU and no "
+            f"convolution, not {', '.join(options)}"
         )
     dtype = model.fc.weight.dtype
     if dtype not in FUSED_DTYPES:

@@ -37,9 +37,9 @@ def _sliding_without_types(d):
 # DFlash, its extras ignored, before the contract.
 CONFIG_CASES = [
     pytest.param(
-        _dc(conv_kernel_size=3, conv_group_size=16),
-        "'dflash_config.conv_kernel_size' = 3 declares grouped dynamic convolution",
-        id="grouped-conv",  # was accepted
+        _top(conv_kernel_size=3, conv_group_size=16),
+        "'conv_kernel_size' = 3 declares grouped dynamic convolution at the top level",
+        id="top-level-conv",
     ),
     pytest.param(
         _dc(projector_type="domino", gru_hidden_dim=32, emb_dim=24),
@@ -121,6 +121,7 @@ def test_other_families_are_refused_by_their_name(architecture, family):
         _dc(conv_kernel_size=0, conv_group_size=0),
         _dc(attention_sink_bias=False, attention_value_scale=None),
         _dc(attention_sink_bias=True, attention_value_scale=0.5),  # served (MiMo)
+        _dc(conv_kernel_size=3, conv_group_size=16),  # served
         _top(use_gemma_norm=False, partial_rotary_factor=1.0, rope_is_neox_style=True),
         _top(use_gemma_norm=True, partial_rotary_factor=0.5, rope_is_neox_style=False),  # served
         _top(rope_scaling={"rope_type": "default", "rope_dim": 8}),  # served
@@ -131,8 +132,8 @@ def test_other_families_are_refused_by_their_name(architecture, family):
         _top(torch_dtype="bfloat16", transformers_version="4.57.1", bos_token_id=0, eos_token_id=2),
         _top(output_hidden_states=False, id2label={"0": "LABEL_0"}),  # transformers' generic keys
     ],
-    ids=["conv-off", "mimo-off", "mimo", "rope-and-norm-defaults", "gemma-and-rope-options", "rope-dim",
-         "swigluoai", "mrope-on-1d-positions", "mask-token-with-id",
+    ids=["conv-off", "mimo-off", "mimo", "grouped-conv", "rope-and-norm-defaults", "gemma-and-rope-options",
+         "rope-dim", "swigluoai", "mrope-on-1d-positions", "mask-token-with-id",
          "nulls", "provenance", "hf-generic"],
 )  # fmt: skip
 def test_keys_that_change_nothing_are_accepted(edit):
@@ -194,7 +195,7 @@ TENSOR_CASES = [
             "layers.0.attention_conv.base_kernel": torch.zeros(2, TAPS, H),
             "layers.0.mlp_conv.kernel_projection.weight": torch.zeros(2 * TAPS * H // GROUP, H),
         },
-        "'layers.0.attention_conv.base_kernel' belongs to grouped dynamic convolution",
+        "'layers.0.attention_conv.base_kernel' belongs to grouped dynamic convolution, which its config",
         id="conv",  # was accepted
     ),
     pytest.param(
@@ -204,7 +205,7 @@ TENSOR_CASES = [
     ),
     pytest.param(
         {"layers.0.self_attn.attention_sink_bias": torch.zeros(4)},
-        "'layers.0.self_attn.attention_sink_bias' belongs to attention sinks",
+        "'layers.0.self_attn.attention_sink_bias' belongs to attention sinks, which its config does not",
         id="sinks-without-the-config-key",  # was accepted
     ),
     pytest.param(

@@ -267,8 +267,8 @@ def _draft_with_weights(tiny, tmp_path, name: str, edit) -> str:
             "conv",
             lambda t: t.update({"layers.0.mlp_conv.base_kernel": torch.zeros(2, 3, 64)}),
             "draft checkpoint tensor 'layers.0.mlp_conv.base_kernel' belongs to grouped dynamic "
-            "convolution, which sglang-dflash does not serve; serve it with SGLang's built-in DFLASH "
-            "(SGLANG_DFLASH_IMPL=builtin)",
+            "convolution, which its config does not declare (dflash_config.conv_kernel_size and "
+            "conv_group_size); serve it with SGLang's built-in DFLASH (SGLANG_DFLASH_IMPL=builtin)",
         ),
     ],
     ids=["missing", "misshapen", "fc-for-another-target", "another-family"],

@@ -3,8 +3,8 @@ engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged K
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
 and "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
-embedding, and MiMo's attention sinks and value scale (the llama target's plain outputs are
-shared).
+embedding, MiMo's attention sinks and value scale, and grouped convolution (the llama target's
+plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -71,10 +71,15 @@ def _target(tiny, family):
 def _with_draft_options(config: dict) -> None:
     config.update(DRAFT_OPTIONS)
     config["dflash_config"].update(attention_sink_bias=True, attention_value_scale=0.75)  # MiMo's
+    config["dflash_config"].update(conv_kernel_size=CONV_TAPS, conv_group_size=CONV_GROUP)
 
 
-def _add_attention_sinks(draft: str) -> None:
-    """MiMo's per-head sink logits, one tensor per draft layer."""
+CONV_TAPS, CONV_GROUP = 3, 16
+
+
+def _add_option_tensors(draft: str) -> None:
+    """MiMo's per-head sink logits, and the grouped convolution's kernels (near the identity),
+    for every draft layer."""
     import json
 
     import torch
@@ -86,6 +91,13 @@ def _add_attention_sinks(draft: str) -> None:
     tensors = load_file(file)
     gen = torch.Generator().manual_seed(1)
     for i in range(config["num_hidden_layers"]):
+        hidden = config["hidden_size"]
+        for side in ("attention_conv", "mlp_conv"):
+            base = 0.1 * torch.randn(2, CONV_TAPS, hidden, generator=gen)
+            base[:, 0] += 1.0
+            tensors[f"layers.{i}.{side}.base_kernel"] = base
+            projection = 0.01 * torch.randn(2 * CONV_TAPS * hidden // CONV_GROUP, hidden, generator=gen)
+            tensors[f"layers.{i}.{side}.kernel_projection.weight"] = projection
         tensors[f"layers.{i}.self_attn.attention_sink_bias"] = torch.randn(
             config["num_attention_heads"], generator=gen
         )
@@ -145,7 +157,7 @@ def served(request, tiny):
     if request.param == "draft-options":
         draft = tiny.edited_draft("a", "options", _with_draft_options)
         _save_mask_embedding(target, draft)
-        _add_attention_sinks(draft)
+        _add_option_tensors(draft)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)

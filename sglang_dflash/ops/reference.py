@@ -71,7 +71,7 @@ class FusedKVWeights:
 
 def fusion_unsupported_reason(model: DFlashDraftModel) -> Optional[str]:
     """Why `fuse_weights` cannot express this model, or None."""
-    options = model.config.options_in_use(mlp=False, attention=False)
+    options = model.config.options_in_use("context_kv")
     if options:
         plain = "plain norms, full-width neox RoPE and unscaled V"
         return f"the fused op computes {plain}, not {', '.join(options)}"
