@@ -3,8 +3,8 @@ message naming the feature, instead of being served wrongly.
 
 Everything a non-speculative SGLang engine serves is served, except what SGLang itself refuses
 with speculative decoding (beam search; watermarking is refused at start-up), a custom logit
-processor that cannot be deserialized, `sampling_seed` with `min_p`, which SGLang's own
-seeded sampler refuses, and `return_sampling_mask` (RL rollouts), not built here yet.
+processor that cannot be deserialized, and `sampling_seed` with `min_p`, which SGLang's own
+seeded sampler refuses. (`return_sampling_mask` is checked in `sampling_mask.py`.)
 
 See docs/requests.md.
 """
@@ -38,10 +38,6 @@ def unsupported_feature(req) -> Optional[str]:
             f"sampling_params.beam_width={beam_width}: beam search is not supported with "
             "speculative decoding (SGLang refuses it for every speculative algorithm)"
         )
-    if getattr(req, "return_sampling_mask", False):
-        # SGLang's sampler builds these masks when it draws a token; DFLASH draws its tokens in
-        # the verifier, which does not build them yet.
-        return "return_sampling_mask is not supported with --speculative-algorithm DFLASH by sglang-dflash"
     if params.sampling_seed is not None and params.min_p > 0:
         # SGLang's own seeded sampler refuses min_p (layers/sampler.py, pytorch backend).
         return (

@@ -136,6 +136,11 @@ def install_scheduler_hooks() -> None:
         "sglang.srt.speculative.dflash_utils.validate_dflash_request", _validate_request, HookType.AROUND
     )
     HookRegistry.register(
+        "sglang.srt.speculative.spec_sampling_mask.validate_spec_sampling_mask_request",
+        _validate_sampling_mask_request,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
         _keep_stateful_requests_unmixed,
         HookType.AROUND,
@@ -232,6 +237,18 @@ def _validate_request(original, req, *args, **kwargs):
     if reason is not None:
         disarm(req)
     return reason
+
+
+def _validate_sampling_mask_request(original, req, spec_algorithm, *args, **kwargs):
+    """`return_sampling_mask` with DFLASH: ours replaces the built-in's check, which refuses
+    sampled requests wherever SGLang's CUDA verify kernel is missing (the CPU engine)."""
+    if use_builtin() or not spec_algorithm.is_dflash():
+        return original(req, spec_algorithm, *args, **kwargs)
+    from sglang.srt.environ import envs
+
+    from sglang_dflash.sampling_mask import unsupported_reason
+
+    return unsupported_reason(req, simulated_acceptance=envs.SGLANG_SIMULATE_ACC_LEN.get() > 0)
 
 
 def _keep_stateful_requests_unmixed(original, self, *args, **kwargs):

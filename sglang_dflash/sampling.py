@@ -137,6 +137,10 @@ class SamplingRows:
         """Rows start..end-1."""
         return self._per_row(lambda t: t[start:end])
 
+    def select(self, indices: torch.Tensor) -> "SamplingRows":
+        """The rows at `indices` [r] (a device tensor: no host sync)."""
+        return self._per_row(lambda t: t.index_select(0, indices))
+
     def _per_row(self, fn) -> "SamplingRows":
         """`fn` applied to every per-row tensor (each [n]; `need_filter` stays)."""
         return replace(

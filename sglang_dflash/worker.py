@@ -53,6 +53,7 @@ from sglang_dflash import (
     flashinfer_attention,
     fused_forward,
     ops,
+    sampling_mask,
 )
 from sglang_dflash.attention import SdpaDraftAttention, planning_lens
 from sglang_dflash.block import extend_positions, gather_slots
@@ -69,6 +70,7 @@ from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
+from sglang_dflash.sampling import SamplingRows
 from sglang_dflash.server_args import draft_load_format
 from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.target_features import FeatureLayout
@@ -229,6 +231,7 @@ class DFlashWorker(BaseSpecWorker):
             vocab_size=self.vocab_size,
         )
         self.simulated_acceptance = _simulated_acceptance()
+        self.sampling_mask_max_tokens = int(get_exec().features.sampling_mask_max_tokens)
         self.skip_decode_injection = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION") == "1"
         # Test aid: prefill/decode disaggregation leaves the draft's K/V out of the transfer.
         self.skip_draft_transfer = os.environ.get("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER") == "1"
@@ -613,6 +616,10 @@ class DFlashWorker(BaseSpecWorker):
             if self.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = self._simulate(candidates, logits)
             commit_lens = (accept_len + 1).to(torch.int32)
+            if batch.sampling_info.sampling_mask_batch_indices is not None:
+                logits_output.sampling_mask_output = self._sampling_masks(
+                    batch, logits, out_tokens, commit_lens
+                )
             if self.check_ranks:
                 check_ranks_agree(self.tp, candidates=candidates, commit_lens=commit_lens, tokens=out_tokens)
             self.verifier.commit(batch, candidates, commit_lens)
@@ -657,6 +664,24 @@ class DFlashWorker(BaseSpecWorker):
             routed_experts_output=verified.routed_experts_output,
             indexer_topk_output=verified.indexer_topk_output,
         )
+
+    def _sampling_masks(self, batch: ScheduleBatch, logits, out_tokens, commit_lens):
+        """`return_sampling_mask`: the support and logprob of every window row's token, for the
+        requests that asked (`sampling_mask.py`); SGLang's result processor keeps the committed
+        rows. logits [bs*W, V] adjusted, out_tokens [bs, W], commit_lens [bs]."""
+        from sglang.srt.layers.logits_processor import SamplingMaskOutput
+
+        info = batch.sampling_info
+        requests = info.sampling_mask_batch_indices  # [r] device rows, in batch order
+        bs, width = out_tokens.shape
+        masks = sampling_mask.sampling_masks(
+            logits.view(bs, width, -1).index_select(0, requests).flatten(0, 1),
+            SamplingRows.from_sampling_info(info).select(requests),
+            out_tokens.index_select(0, requests),
+            self.sampling_mask_max_tokens,
+            info.sampling_support_logprobs_capture_indices,
+        )
+        return SamplingMaskOutput(**masks, num_accept_tokens=commit_lens.index_select(0, requests))
 
     def _choose_off_forward(self) -> tuple[bool, str]:
         """How a step at width 1 (no draft) runs the target, chosen once: its plain DECODE

@@ -84,6 +84,21 @@ def submit(engine, requests: list[dict], stagger: float = 0.0) -> list:
     return engine.loop.run_until_complete(run())
 
 
+def submit_raw(engine, requests: list[dict]) -> list:
+    """`submit` for request fields `Engine.async_generate` does not take (e.g.
+    `return_sampling_mask`): each request is a `GenerateReqInput`'s keyword arguments, sent to the
+    engine's tokenizer manager as the HTTP server sends it."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    async def one(kwargs):
+        return await engine.tokenizer_manager.generate_request(GenerateReqInput(**kwargs), None).__anext__()
+
+    async def run():
+        return await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
+
+    return engine.loop.run_until_complete(run())
+
+
 def generate_and_abort(engine, input_ids: list[int], sampling: dict, rid: str, after_chunks: int) -> dict:
     """Stream one request and abort it once `after_chunks` chunks have arrived."""
 

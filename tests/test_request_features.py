@@ -322,6 +322,50 @@ def test_sampled_logprobs_equal_the_targets_logits(dflash):
             assert [e[1] for e in top] == scaled.topk(3).indices.tolist(), (sampling, j)
 
 
+# ------------------------------------------------------------------------------ sampling masks
+
+MASKED = [  # SGLang takes masks for top_k 1 (greedy) or a finite top_k up to its cap
+    dict(max_new_tokens=12, temperature=0.8, top_k=8, top_p=0.9),
+    dict(max_new_tokens=12, temperature=1.2, top_k=24, min_p=0.05),
+    dict(max_new_tokens=12, temperature=0.0),
+]
+
+
+def test_sampling_masks_equal_the_samplers_own(dflash):
+    """`return_sampling_mask`: every output token's support (token ids, most likely first) and
+    its logprobs equal what SGLang's own sampler returns for that position. The oracle is the
+    same prefix sent as a new request for one token, whose mask SGLang's sampler builds in the
+    prefill (the support does not depend on which token is drawn); all requests share batches."""
+    masked = dict(return_sampling_mask=True, sampling_logprobs_mode="support")
+    prompt = LOGPROB_PROMPTS[1]
+    got = engines.submit_raw(dflash, [dict(input_ids=prompt, sampling_params=s, **masked) for s in MASKED])
+    verified = 0
+    for sampling, g in zip(MASKED, got):
+        assert not isinstance(g, Exception), g
+        output, meta = g["output_ids"], g["meta_info"]
+        masks, logprobs = meta["output_token_sampling_mask"], meta["output_token_sampling_logprobs"]
+        assert len(masks) == len(logprobs) == len(output), sampling
+        teacher = engines.submit_raw(
+            dflash,
+            [
+                dict(
+                    input_ids=prompt + output[:j], sampling_params={**sampling, "max_new_tokens": 1}, **masked
+                )
+                for j in range(len(output))
+            ],
+        )
+        for j, (token, mask, row, t) in enumerate(zip(output, masks, logprobs, teacher)):
+            want_mask = t["meta_info"]["output_token_sampling_mask"][0]
+            want_row = t["meta_info"]["output_token_sampling_logprobs"][0]
+            assert token in mask, (sampling, j)
+            assert list(mask) == list(want_mask), (sampling, j)
+            assert max(abs(a - b) for a, b in zip(row, want_row)) <= 1e-4, (sampling, j)
+            if sampling["temperature"] == 0.0:
+                assert list(mask) == [token] and list(row) == [0.0]
+        verified += meta["spec_verify_ct"]
+    assert verified > 0  # the verifier, not only the prefill, produced masks
+
+
 # ------------------------------------------------------------------------------ processors, hidden states
 
 

@@ -164,16 +164,19 @@ def test_native_generate(server, expected, got):
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
 
 
-def test_return_sampling_mask_is_refused_naming_it(server):
-    """An RL rollout field that sglang-dflash does not build yet: HTTP 400, and the server
-    serves on."""
+def test_return_sampling_mask_gives_a_mask_per_output_token(server):
+    """The RL rollout field, over HTTP as SGLang's own DFLASH server test asks it: 200, and one
+    mask per output token (greedy: the token itself, logprob 0). test_request_features.py checks
+    sampled masks against SGLang's sampler."""
     import requests
 
     payload = {"input_ids": PROMPTS[0], "sampling_params": GREEDY, "return_sampling_mask": True}
     response = requests.post(server.url + "/generate", json=payload, timeout=120)
-    assert response.status_code == 400, response.text
-    assert "return_sampling_mask is not supported" in response.text
-    assert server.post("/generate", {"input_ids": PROMPTS[0], "sampling_params": GREEDY})["output_ids"]
+    assert response.status_code == 200, response.text
+    out = response.json()
+    masks = out["meta_info"]["output_token_sampling_mask"]
+    assert masks == [[token] for token in out["output_ids"]]
+    assert out["meta_info"]["output_token_sampling_logprobs"] == [0.0] * len(masks)  # selected mode
 
 
 def _close(a, b, tol=1e-4) -> bool:
