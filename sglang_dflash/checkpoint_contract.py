@@ -9,7 +9,7 @@ acceptance would collapse without a word. So nothing is ignored:
   * a config key (in `dflash_config` or at the top level) is parsed by `config.py`, or listed
     here as metadata that carries no maths, or refused by name with the family it declares;
   * a tensor is a weight of the draft network, or listed here as inert (a rotary cache), or
-    refused by name with the family its name belongs to;
+    refused by name with the family its name belongs to.
 
 A refusal is one line: the field or tensor, its value, the family, and the way out
 (`SGLANG_DFLASH_IMPL=builtin`, which hands DFLASH back to SGLang's built-in worker).
@@ -139,7 +139,7 @@ REFUSED_KEYS: dict[str, Declares] = {
     ),
     "mlp_bias": Declares("MLP biases (mlp_bias)", _falsy),
 }
-FAMILY_PREFIXES = ("lilicorr_", "markov_")  # LiLiCorr's head, DSpark's Markov head
+# Key prefixes of families refused as a whole: LiLiCorr's head, DSpark's Markov head.
 PREFIX_FAMILIES = {"lilicorr_": "LiLiCorr (lattice correction head)", "markov_": "DSpark (Markov head)"}
 
 # Keys `config.py` parses into `DFlashDraftConfig` (their values are checked there).
@@ -205,7 +205,7 @@ def check_config(raw: dict) -> None:
                 _refuse_key(where + key, scope[key], rule.family)
     for where, scope in scopes:
         for key, value in scope.items():
-            prefix = next((p for p in FAMILY_PREFIXES if key.startswith(p)), None)
+            prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
             if prefix is not None:
                 _refuse_key(where + key, value, PREFIX_FAMILIES[prefix])
             if key not in PARSED_KEYS and key not in REFUSED_KEYS and key not in metadata_keys():
