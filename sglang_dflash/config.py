@@ -75,6 +75,21 @@ def _int_field(name: str, value: Any, *, minimum: int) -> int:
     return value
 
 
+def _number_field(name: str, value: Any, *, positive: bool = False) -> Any:
+    """`value` if it is a number: finite, or with `positive`, > 0."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not (value > 0 if positive else math.isfinite(value)):
+        kind = "a positive number" if positive else "a number"
+        raise CheckpointError(f"draft config field {name!r} must be {kind}, got {value!r}")
+    return value
+
+
+def _bool_field(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CheckpointError(f"draft config field {name!r} must be a boolean, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class DFlashDraftConfig:
     """Everything the draft network and the worker need from `config.json`."""
@@ -234,26 +249,11 @@ class DFlashDraftConfig:
         swiglu = {}
         if act == "swigluoai":  # SGLang reads both constants, with no default
             for name in ("swiglu_alpha", "swiglu_limit"):
-                value = require(name)
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                    raise CheckpointError(
-                        f"draft config field {name!r} must be a positive number, got {value!r}"
-                    )
-                swiglu[name] = float(value)
-        sinks = dflash.get("attention_sink_bias", False)
-        if not isinstance(sinks, bool):
-            raise CheckpointError(
-                f"draft config field 'attention_sink_bias' must be a boolean, got {sinks!r}"
-            )
+                swiglu[name] = float(_number_field(name, require(name), positive=True))
+        sinks = _bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
         value_scale = dflash.get("attention_value_scale")
-        if value_scale is not None and (
-            not isinstance(value_scale, (int, float))
-            or isinstance(value_scale, bool)
-            or not math.isfinite(value_scale)
-        ):
-            raise CheckpointError(
-                f"draft config field 'attention_value_scale' must be a number, got {value_scale!r}"
-            )
+        if value_scale is not None:
+            value_scale = float(_number_field("attention_value_scale", value_scale))
         conv = {}
         for name in ("conv_kernel_size", "conv_group_size"):
             conv[name] = _int_field(name, dflash.get(name, 0), minimum=0)
@@ -267,15 +267,9 @@ class DFlashDraftConfig:
                 f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
                 f"hidden_size ({hidden_size})"
             )
-        gemma = get("use_gemma_norm", False)
-        if not isinstance(gemma, bool):
-            raise CheckpointError(f"draft config field 'use_gemma_norm' must be a boolean, got {gemma!r}")
-        eps = get("rms_norm_eps", 1e-6)
-        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
-            raise CheckpointError(f"draft config field 'rms_norm_eps' must be a positive number, got {eps!r}")
-        bias = get("attention_bias", False)
-        if not isinstance(bias, bool):
-            raise CheckpointError(f"draft config field 'attention_bias' must be a boolean, got {bias!r}")
+        gemma = _bool_field("use_gemma_norm", get("use_gemma_norm", False))
+        eps = _number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
+        bias = _bool_field("attention_bias", get("attention_bias", False))
 
         block_size = get("block_size")
         if block_size is None:
@@ -322,14 +316,10 @@ class DFlashDraftConfig:
         else:
             sliding_window = None
         is_causal = get("is_causal")
-        if is_causal is not None and not isinstance(is_causal, bool):
-            raise CheckpointError(f"draft config field 'is_causal' must be a boolean, got {is_causal!r}")
+        if is_causal is not None:
+            _bool_field("is_causal", is_causal)
 
-        scale = get("input_embedding_scale", 1.0)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-            raise CheckpointError(
-                f"draft config field 'input_embedding_scale' must be a number, got {scale!r}"
-            )
+        scale = _number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
         vocab_size = get("vocab_size")
         if vocab_size is not None:
             vocab_size = _int_field("vocab_size", vocab_size, minimum=1)
@@ -360,7 +350,7 @@ class DFlashDraftConfig:
             **swiglu,
             attention_sink_bias=sinks,
             **conv,
-            attention_value_scale=None if value_scale is None else float(value_scale),
+            attention_value_scale=value_scale,
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,
@@ -495,9 +485,7 @@ def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], boo
         params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
     params = dict(params)
     params.setdefault("rope_type", "default")
-    theta = params.get("rope_theta")
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
-        raise CheckpointError(f"draft config field 'rope_theta' must be a positive number, got {theta!r}")
+    _number_field("rope_theta", params.get("rope_theta"), positive=True)
     if params["rope_type"] in ("dynamic",):
         raise CheckpointError(
             f"draft config rope type {params['rope_type']!r} is not supported (position-dependent)"
@@ -524,7 +512,6 @@ def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], boo
             f"draft config rope type {params['rope_type']!r} with a rotary width of {rotary_dim} "
             f"(head_dim {head_dim}) is not served; {checkpoint_contract.WAY_OUT}"
         )
-    neox = raw.get("rope_is_neox_style", raw.get("is_neox_style", True))  # top level, as SGLang
-    if not isinstance(neox, bool):
-        raise CheckpointError(f"draft config field 'rope_is_neox_style' must be a boolean, got {neox!r}")
+    # Read at the top level, as SGLang does.
+    neox = _bool_field("rope_is_neox_style", raw.get("rope_is_neox_style", raw.get("is_neox_style", True)))
     return params, (None if rotary_dim == head_dim else rotary_dim), neox

@@ -399,12 +399,12 @@ class DFlashDraftModel(nn.Module):
         load_mask_embedding(path, config)
         with torch.device("meta"):
             model = cls(config, num_target_features)
-        header = read_weight_header(path)
+        header = {checkpoint_contract.canonical_name(k): v for k, v in read_weight_header(path).items()}
         check_weight_shapes(
             {k: tuple(p.shape) for k, p in model.named_parameters()},
-            {checkpoint_contract.canonical_name(k): shape for k, (shape, _) in header.items()},
+            {k: shape for k, (shape, _) in header.items()},
             _fc_input(num_target_features, config.hidden_size),
-            dtypes={checkpoint_contract.canonical_name(k): dtype for k, (_, dtype) in header.items()},
+            dtypes={k: dtype for k, (_, dtype) in header.items()},
         )
 
     def save_pretrained(self, path: str, raw_config: dict, dtype: Optional[torch.dtype] = None) -> None:
