@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_dflash import checkpoint_contract
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig, load_mask_embedding
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.mask_token import load_mask_embedding
 from sglang_dflash.tensor_parallel import TensorParallel
 
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]

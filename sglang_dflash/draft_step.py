@@ -43,10 +43,10 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang_dflash.block import prepare_draft_block
+from sglang_dflash.knobs import DRAFT_GRAPHS_ENV as GRAPHS_ENV  # 0: the draft step always runs eagerly
 
 logger = logging.getLogger(__name__)
 
-GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"  # 0: the draft step always runs eagerly
 
 # (block_ids [bs, Bd], positions [bs, Bd], hidden [bs, Bd, H])
 StepOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -326,3 +326,84 @@ def _side_stream():
 
 def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------ SGLang's side
+
+
+def capture_in_sglang(
+    step: DraftStep,
+    runner,
+    req_to_token: torch.Tensor,
+    *,
+    attention_name: str,
+    graph_attention: Callable[[int], tuple[int, Callable[[int], object]]],
+    env: Optional[str] = None,
+) -> Optional[tuple[float, float]]:
+    """The draft step's CUDA graphs, one per SGLang capture size, in SGLang's graph memory pool;
+    or why there are none (logged once). `runner`: the target's ModelRunner.
+    `graph_attention(max b) -> (page-index capacity, make_attention(b))`: the graph-mode
+    attentions and the buffers they share. `env`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH.
+    Returns (GB, seconds) for SGLang's start-up accounting, or None when nothing was captured."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+    from sglang.srt.model_executor.runner_utils.pool import (
+        get_or_create_global_graph_memory_pool,
+        graph_pool_replay_scope,
+    )
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.utils.common import get_available_gpu_memory
+
+    reason = graphs_unavailable_reason(
+        device=torch.device(runner.device),
+        attention_name=attention_name,
+        disable_cuda_graph=check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED),
+        env=env,
+    )
+    if reason is None:
+        # The target's captured sizes (its verify graphs), else the configured ones.
+        sglang_sizes = runner.decode_cuda_graph_capture_bs or get_exec().graph.cuda_graph_config.decode.bs
+        sizes = capture_sizes(sglang_sizes, req_to_token.shape[0])
+        if not sizes:
+            reason = f"no capture batch sizes (SGLang's: {sglang_sizes})"
+    if reason is not None:
+        logger.info("DFLASH draft step: eager, no CUDA graphs (%s)", reason)
+        return None
+    # SGLang's own measure of its graphs' memory: free GB after returning the cache.
+    free_before = get_available_gpu_memory(runner.device, runner.gpu_id)
+    capacity, make_attention = graph_attention(max(sizes))
+    seconds = step.capture(
+        sizes,
+        make_attention,
+        req_to_token,
+        kv_indices_capacity=capacity,
+        pool=get_or_create_global_graph_memory_pool(torch.cuda),
+        capture_context=_sglang_graph_capture,
+        replay_scope=graph_pool_replay_scope,
+    )
+    used_gb = free_before - get_available_gpu_memory(runner.device, runner.gpu_id)
+    logger.info(
+        "DFLASH draft step: CUDA graphs for batch sizes %s (%.2f GB, %.1f s; page-index buffer %d); "
+        "eager above %d requests and for steps without exact host lengths",
+        list(sizes),
+        used_gb,
+        seconds,
+        capacity,
+        sizes[-1],
+    )
+    return used_gb, seconds
+
+
+@contextlib.contextmanager
+def _sglang_graph_capture():
+    """SGLang's capture context on its shared capture stream: under tensor parallelism it makes
+    the draft's all-reduces capturable (custom all-reduce, pynccl); with graph-pool borrowing on
+    (SGLANG_ENABLE_GRAPH_POOL_BORROW) it retires the borrow pool first. Yields the stream."""
+    from sglang.srt.distributed.parallel_state import graph_capture
+    from sglang.srt.model_executor.runner_utils.pool import (
+        get_or_create_global_graph_capture_stream,
+        graph_pool_capture_scope,
+    )
+
+    stream = get_or_create_global_graph_capture_stream()
+    with graph_pool_capture_scope(), graph_capture(stream=stream) as context:
+        yield context.stream

@@ -14,14 +14,13 @@ See docs/serving.md ("Hybrid linear-attention targets").
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
-logger = logging.getLogger(__name__)
+from sglang_dflash.knobs import SKIP_STATE_COMMIT_ENV as SKIP_ENV
 
-SKIP_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"  # test aid: shows the tests notice a missing commit
+logger = logging.getLogger(__name__)
 
 
 def steps_to_track(pre: torch.Tensor, commit_lens: torch.Tensor, interval: int) -> torch.Tensor:
@@ -39,21 +38,20 @@ def steps_to_track(pre: torch.Tensor, commit_lens: torch.Tensor, interval: int) 
 
 
 class LinearStateCommit:
-    def __init__(self, runner):
+    def __init__(self, runner, skip: bool = False):
         self.runner = runner  # its attention backend is built after the speculative worker
-        self.skip = os.environ.get(SKIP_ENV) == "1"
+        self.skip = skip  # test aid (SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT): shows tests notice
 
     @classmethod
-    def for_target(cls, runner) -> Optional["LinearStateCommit"]:
+    def for_target(cls, runner, skip: bool = False) -> Optional["LinearStateCommit"]:
         """None for targets without linear-attention layers."""
         from sglang.srt.configs.hybrid_arch import mambaish_config
 
         if mambaish_config(runner.model_config) is None:
             return None
-        commit = cls(runner)
-        if commit.skip:
+        if skip:
             logger.warning("DFLASH linear-attention state commit is OFF (%s=1): outputs are wrong", SKIP_ENV)
-        return commit
+        return cls(runner, skip)
 
     def __call__(self, batch, seq_lens: torch.Tensor, commit_lens: torch.Tensor) -> None:
         """seq_lens [bs]: the committed lengths before this verify; commit_lens [bs] >= 1."""

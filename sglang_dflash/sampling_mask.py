@@ -98,3 +98,25 @@ def unsupported_reason(req, simulated_acceptance: bool) -> Optional[str]:
     if simulated_acceptance:
         return "return_sampling_mask is not supported with simulated speculative acceptance"
     return None
+
+
+def sampling_mask_output(
+    batch, logits: torch.Tensor, out_tokens: torch.Tensor, commit_lens: torch.Tensor, max_tokens: int
+):
+    """SGLang's `SamplingMaskOutput` of one verify step for the requests that asked: each window
+    row's support and logprob; SGLang's result processor keeps the committed rows.
+    logits [bs*W, V] adjusted, out_tokens [bs, W], commit_lens [bs]; `max_tokens`: SGLang's
+    `sampling_mask_max_tokens`."""
+    from sglang.srt.layers.logits_processor import SamplingMaskOutput
+
+    info = batch.sampling_info
+    requests = info.sampling_mask_batch_indices  # [r] device rows, in batch order
+    bs, width = out_tokens.shape
+    masks = sampling_masks(
+        logits.view(bs, width, -1).index_select(0, requests).flatten(0, 1),
+        SamplingRows.from_sampling_info(info).select(requests),
+        out_tokens.index_select(0, requests),
+        max_tokens,
+        info.sampling_support_logprobs_capture_indices,
+    )
+    return SamplingMaskOutput(**masks, num_accept_tokens=commit_lens.index_select(0, requests))

@@ -15,12 +15,8 @@ import json
 import logging
 from typing import Optional
 
-from sglang_dflash.config import (
-    CheckpointError,
-    DFlashDraftConfig,
-    resolve_checkpoint_dir,
-    resolve_mask_token_id,
-)
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
+from sglang_dflash.mask_token import resolve_mask_token_id
 
 logger = logging.getLogger(__name__)
 

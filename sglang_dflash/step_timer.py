@@ -31,7 +31,8 @@ import os
 import time
 from typing import Callable, Optional
 
-ENV_VAR = "SGLANG_DFLASH_STEP_TIMING"
+from sglang_dflash.knobs import STEP_TIMING_ENV as ENV_VAR
+
 _NULL = contextlib.nullcontext()
 
 
@@ -100,6 +101,14 @@ class StepTimer:
                 self._inside.discard(name)
 
         return wrapper
+
+    def count_attention_plans(self, backend) -> None:
+        """Count the target's attention plans (eager and graphed) in each step's record."""
+        if not self.enabled:
+            return
+        for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):
+            if hasattr(backend, method):
+                setattr(backend, method, self.counted(getattr(backend, method), "target_attention_plans"))
 
     def end_step(
         self, batch_size: int, kind: str = "decode", width: Optional[int] = None, probe: bool = False

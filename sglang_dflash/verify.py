@@ -63,3 +63,15 @@ def forced_acceptance(
         emitted = torch.full_like(candidates, fixed_token_id)
     out_tokens = torch.where(cols <= accept, emitted, 0)
     return accept_len, out_tokens, bonus
+
+
+def simulated_acceptance(candidates: torch.Tensor, logits: torch.Tensor, setting) -> tuple:
+    """SGLang's benchmark knob (`knobs.SimulatedAcceptance`), as its built-in DFLASH applies it:
+    a commit length drawn by SGLang, then `forced_acceptance`. logits [bs*W, V]."""
+    from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
+
+    commit_len = sample_simulated_acc_len(setting.mean, setting.method, candidates.shape[1])
+    target_predict = torch.argmax(logits, dim=-1).view(candidates.shape)
+    return forced_acceptance(
+        candidates, target_predict, commit_len, real_draft_tokens=setting.token_mode == "real-draft-token"
+    )

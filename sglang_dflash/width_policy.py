@@ -62,6 +62,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from sglang_dflash.knobs import ADAPTIVE_WIDTH_ENV as ENV_VAR
+from sglang_dflash.knobs import FAIR_SLACK_ENV
+
 logger = logging.getLogger(__name__)
 
 RECENT_STEPS = 256  # a measured (batch size, width) cost is trusted this many steps
@@ -429,10 +432,6 @@ class WidthPolicy:
     def observe_processed(self, tokens: int) -> None:
         """The scheduler handled the results of a decode step that committed `tokens` tokens."""
         self.processed = tokens
-
-
-ENV_VAR = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
-FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
 
 
 def parse_fair_slack(value: Optional[str]) -> Optional[float]:

@@ -13,8 +13,9 @@ import re
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig, load_mask_embedding
+from sglang_dflash.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.mask_token import load_mask_embedding
 from tests.tiny_models import draft_config_dict
 
 WAY_OUT = "SGLANG_DFLASH_IMPL=builtin"

@@ -280,12 +280,13 @@ def test_context_window_matches_reference_on_the_last_w_tokens(checkpoints, name
 @pytest.mark.sglang  # the worker module imports SGLang
 @pytest.mark.parametrize("name", ["gqa4/1-hd32-3layers", "sliding-noncausal"])
 def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
-    """`DFlashWorker._warm_up` runs a whole draft step (injection, every layer kind's attention,
+    """`DraftRuntime.warm_up` runs a whole draft step (injection, every layer kind's attention,
     the LM head) before serving; it must leave every committed slot as it was."""
     from types import SimpleNamespace
 
+    from sglang_dflash.draft_runtime import DraftRuntime
     from sglang_dflash.draft_step import DraftStep
-    from sglang_dflash.worker import DFlashWorker
+    from sglang_dflash.proposals import ArgmaxProposer
 
     model = _load_ours(checkpoints[name])
     config = model.config
@@ -293,25 +294,22 @@ def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
     before_k, before_v = store.k.clone(), store.v.clone()
     embedding = torch.nn.Embedding(VOCAB, HIDDEN)
     argmaxes = []
-    worker = SimpleNamespace(
+    runtime = SimpleNamespace(
         device="cpu",
-        model_runner=SimpleNamespace(dtype=torch.float32),
+        dtype=torch.float32,
         draft_model=model,
         store=store,
-        config=config,
-        block_size=config.block_size,
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(64, dtype=torch.int32).view(2, 32)),
         attention_name="torch-sdpa",
-        draft_step=DraftStep(
+        step=DraftStep(
             model,
             embedding,
             SdpaDraftAttention(config, store),
             block_size=config.block_size,
             mask_token_id=config.mask_token_id,
         ),
-        head=SimpleNamespace(embed=embedding, argmax=lambda hidden: argmaxes.append(hidden.shape)),
+        proposer=ArgmaxProposer(SimpleNamespace(argmax=lambda hidden: argmaxes.append(hidden.shape))),
     )
-    DFlashWorker._warm_up(worker)
+    DraftRuntime.warm_up(runtime, torch.arange(64, dtype=torch.int32).view(2, 32))
     assert argmaxes == [(1, config.block_size - 1, HIDDEN)]
     assert not torch.equal(store.k[:, 0], before_k[:, 0])  # the injection ran, into the sink
     assert torch.equal(store.k[:, 1:], before_k[:, 1:]) and torch.equal(store.v[:, 1:], before_v[:, 1:])

@@ -448,7 +448,9 @@ def test_the_worker_asks_the_draft_step_and_gets_a_replay():
     step = sdpa_step(s)
     capture_sdpa(step, s, [4])
     rows, bonus, seq_lens, host = s.batch([12, 3, 40], 0)
-    worker = SimpleNamespace(draft_step=step, req_to_token_pool=SimpleNamespace(req_to_token=s.req_to_token))
+    worker = SimpleNamespace(
+        runtime=SimpleNamespace(step=step), req_to_token_pool=SimpleNamespace(req_to_token=s.req_to_token)
+    )
     batch = SimpleNamespace(
         spec_info=SimpleNamespace(bonus_tokens=bonus), seq_lens=seq_lens, req_pool_indices=rows
     )

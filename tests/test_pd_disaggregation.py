@@ -221,7 +221,7 @@ def test_a_prefill_peer_of_another_tp_size_is_refused_by_name(prefill_tp, draft_
     prefill peer's parallel info."""
     from types import SimpleNamespace
 
-    from sglang_dflash.plugin import _refuse_prefill_peer_of_another_tp_size
+    from sglang_dflash.scheduler_hooks import _refuse_prefill_peer_of_another_tp_size
 
     manager = SimpleNamespace(
         attn_tp_size=1,

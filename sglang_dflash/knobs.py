@@ -1,0 +1,145 @@
+"""`Knobs`: every environment variable the DFLASH worker reads, read once at start-up.
+
+Serving choices (documented for users in docs/):
+
+  SGLANG_DFLASH_GRAMMAR_PROPOSALS=0       grammar requests get the draft's plain argmax, not the
+                                          grammar-aware proposals (docs/requests.md)
+  SGLANG_DFLASH_ADAPTIVE_WIDTH=0|1        fix the verify width at B, or adapt it on any device
+                                          (unset: adapt on CPU only; docs/verify-width.md)
+  SGLANG_DFLASH_FAIR_SLACK=x|off          how much slower a draft width may make one request's
+                                          tokens (`width_policy.FAIR_SLACK`); off: batch rate only
+  SGLANG_DFLASH_WIDTH1_FORWARD=decode|verify
+                                          how a step without draft runs the target
+                                          (`step_width.py`)
+  SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
+  SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
+                                          (`step_timer.py`, scripts/bench_step.py)
+
+Benchmark aid, SGLang's own and honoured as its built-in DFLASH does:
+
+  SGLANG_SIMULATE_ACC_LEN (+ _METHOD, _TOKEN_MODE)
+                                          acceptance is forced to a drawn length: outputs are
+                                          not the model's
+
+Test aids; each switches a feature off so that a test can show it notices:
+
+  SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION=1   decode steps inject no context K/V into the draft
+  SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER=1      PD transfer leaves the draft's K/V out
+  SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE=1       HiCache leaves the draft's K/V out of its backups
+  SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT=1        hybrid targets keep the linear-attention state of
+                                                the whole verify window (`linear_state.py`)
+  SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
+
+Debugging aids:
+
+  SGLANG_DFLASH_CHECK_RANKS=1             tensor-parallel ranks compare their proposals and
+                                          committed tokens every step (gathers, host sync)
+  SGLANG_DFLASH_TRACE_PROPOSALS=path      every request's verified proposals per step, appended
+                                          as JSON lines (host sync)
+
+Read by their own modules, outside the worker: SGLANG_DFLASH_IMPL (`plugin.py`),
+SGLANG_DFLASH_SAMPLING_MEMORY_MB (`sampling.py`), SGLANG_DFLASH_OPS (`ops/`),
+SGLANG_DFLASH_CPU_VERIFY_ATTENTION (`cpu/verify_attention.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+GRAMMAR_PROPOSALS_ENV = "SGLANG_DFLASH_GRAMMAR_PROPOSALS"
+ADAPTIVE_WIDTH_ENV = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
+FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
+WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
+DRAFT_GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"
+STEP_TIMING_ENV = "SGLANG_DFLASH_STEP_TIMING"
+SKIP_DECODE_INJECTION_ENV = "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"
+SKIP_DRAFT_TRANSFER_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"
+SKIP_DRAFT_HICACHE_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE"
+SKIP_STATE_COMMIT_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"
+WIDTH1_STEPS_ENV = "SGLANG_DFLASH_TEST_WIDTH1_STEPS"
+CHECK_RANKS_ENV = "SGLANG_DFLASH_CHECK_RANKS"
+TRACE_PROPOSALS_ENV = "SGLANG_DFLASH_TRACE_PROPOSALS"
+
+
+@dataclass(frozen=True)
+class SimulatedAcceptance:
+    """SGLang's benchmark knob: acceptance lengths drawn around `mean` by `method`."""
+
+    mean: float
+    method: str
+    token_mode: str
+
+
+@dataclass(frozen=True)
+class Knobs:
+    # Serving choices; None where unset (the module that uses each validates it).
+    grammar_proposals: bool = True
+    adaptive_width: Optional[str] = None
+    fair_slack: Optional[str] = None
+    width1_forward: Optional[str] = None
+    draft_graphs: Optional[str] = None
+    step_timing: Optional[str] = None
+    # Benchmark aid.
+    simulated_acceptance: Optional[SimulatedAcceptance] = None
+    # Test aids.
+    skip_decode_injection: bool = False
+    skip_draft_transfer: bool = False
+    skip_draft_hicache: bool = False
+    skip_state_commit: bool = False
+    width1_steps: int = 0
+    # Debugging aids.
+    check_ranks: bool = False
+    trace_proposals: Optional[str] = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, *, simulated: bool = True) -> "Knobs":
+        """The knobs of this process. `simulated=False` skips SGLang's simulated-acceptance
+        settings (read through `sglang.srt.environ`, so SGLang must be importable)."""
+
+        def on(name: str) -> bool:
+            return environ.get(name) == "1"
+
+        return cls(
+            grammar_proposals=environ.get(GRAMMAR_PROPOSALS_ENV, "1") != "0",
+            adaptive_width=environ.get(ADAPTIVE_WIDTH_ENV),
+            fair_slack=environ.get(FAIR_SLACK_ENV),
+            width1_forward=environ.get(WIDTH1_FORWARD_ENV),
+            draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
+            step_timing=environ.get(STEP_TIMING_ENV) or None,
+            simulated_acceptance=_simulated_acceptance() if simulated else None,
+            skip_decode_injection=on(SKIP_DECODE_INJECTION_ENV),
+            skip_draft_transfer=on(SKIP_DRAFT_TRANSFER_ENV),
+            skip_draft_hicache=on(SKIP_DRAFT_HICACHE_ENV),
+            skip_state_commit=on(SKIP_STATE_COMMIT_ENV),
+            width1_steps=int(environ.get(WIDTH1_STEPS_ENV, "0")),
+            check_ranks=on(CHECK_RANKS_ENV),
+            trace_proposals=environ.get(TRACE_PROPOSALS_ENV) or None,
+        )
+
+    def aids_on(self) -> list[str]:
+        """The test and debugging aids that are on, for the start-up line."""
+        aids = [
+            (self.skip_decode_injection, "test: decode-time injection OFF"),
+            (self.skip_draft_transfer, "test: draft K/V left out of the PD transfer"),
+            (self.skip_draft_hicache, "test: draft K/V left out of HiCache"),
+            (self.skip_state_commit, "test: linear-attention state commit OFF"),
+            (self.width1_steps > 0, f"test: no draft for the first {self.width1_steps} decode steps"),
+            (self.check_ranks, "checking that tensor-parallel ranks agree each step"),
+            (self.trace_proposals is not None, f"tracing proposals to {self.trace_proposals}"),
+        ]
+        return [text for is_on, text in aids if is_on]
+
+
+def _simulated_acceptance() -> Optional[SimulatedAcceptance]:
+    from sglang.srt.environ import envs
+    from sglang.srt.speculative.spec_utils import check_simulate_acc_token_mode
+
+    mean = envs.SGLANG_SIMULATE_ACC_LEN.get()
+    if mean <= 0:
+        return None
+    check_simulate_acc_token_mode()
+    return SimulatedAcceptance(
+        mean, envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
+    )

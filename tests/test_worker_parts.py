@@ -1,0 +1,169 @@
+"""The pieces around the worker's step: the knobs read once from the environment, the verify
+width of each step, the proposal interface, and the module layout (no import circle, no
+environment read in the worker)."""
+
+import ast
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dflash import knobs as knobs_module
+from sglang_dflash.knobs import Knobs
+from sglang_dflash.proposals import ArgmaxProposer, proposer_for
+from sglang_dflash.step_width import COLD_DECODE_STEPS, StepWidth, decode_when_off
+from sglang_dflash.width_policy import WidthPolicy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_knob_is_read_from_its_variable():
+    env = {
+        "SGLANG_DFLASH_GRAMMAR_PROPOSALS": "0",
+        "SGLANG_DFLASH_ADAPTIVE_WIDTH": "1",
+        "SGLANG_DFLASH_FAIR_SLACK": "off",
+        "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
+        "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
+        "SGLANG_DFLASH_STEP_TIMING": "/tmp/steps.jsonl",
+        "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "1",
+        "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER": "1",
+        "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE": "1",
+        "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT": "1",
+        "SGLANG_DFLASH_TEST_WIDTH1_STEPS": "3",
+        "SGLANG_DFLASH_CHECK_RANKS": "1",
+        "SGLANG_DFLASH_TRACE_PROPOSALS": "/tmp/trace.jsonl",
+    }
+    got = Knobs.from_env(env, simulated=False)
+    assert got == Knobs(
+        grammar_proposals=False,
+        adaptive_width="1",
+        fair_slack="off",
+        width1_forward="decode",
+        draft_graphs="0",
+        step_timing="/tmp/steps.jsonl",
+        skip_decode_injection=True,
+        skip_draft_transfer=True,
+        skip_draft_hicache=True,
+        skip_state_commit=True,
+        width1_steps=3,
+        check_ranks=True,
+        trace_proposals="/tmp/trace.jsonl",
+    )
+    assert len(got.aids_on()) == 7
+    # Unset: the defaults, and no aid in the start-up line.
+    assert Knobs.from_env({}, simulated=False) == Knobs()
+    assert Knobs().aids_on() == []
+    # "1" switches a test aid on; anything else leaves it off, as before.
+    assert not Knobs.from_env({"SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "yes"}, simulated=False).aids_on()
+
+
+def test_the_knobs_module_lists_every_variable_it_reads():
+    """Each `*_ENV` name is documented in the module's docstring, one line each."""
+    names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
+    assert len(names) == 13
+    for name in names:
+        assert name in knobs_module.__doc__, name
+
+
+def test_the_worker_reads_no_environment_variable():
+    for module in ("worker.py", "draft_runtime.py", "step_width.py", "proposals.py"):
+        tree = ast.parse(open(os.path.join(ROOT, "sglang_dflash", module)).read())
+        names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        names |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        assert not names & {"environ", "getenv"}, module
+
+
+def test_no_import_circle_between_plugin_hooks_and_worker():
+    """The plugin registers; the worker imports neither the plugin nor the scheduler hooks."""
+    for module in ("worker", "draft_runtime", "scheduler_hooks"):
+        tree = ast.parse(open(os.path.join(ROOT, "sglang_dflash", f"{module}.py")).read())
+        imported = {
+            node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert "sglang_dflash.plugin" not in imported, module
+        if module != "scheduler_hooks":
+            assert "sglang_dflash.scheduler_hooks" not in imported, module
+
+
+@pytest.mark.sglang
+def test_importing_the_worker_loads_neither_plugin_nor_hooks():
+    code = (
+        "import sys, sglang_dflash.worker; "
+        "print(sorted(set(sys.modules) & {'sglang_dflash.plugin', 'sglang_dflash.scheduler_hooks'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+# ------------------------------------------------------------------ the verify width
+
+
+def _width(num_draft_tokens=8, device="cpu", tp_size=1, **knobs):
+    return StepWidth(num_draft_tokens, device, tp_size, Knobs(**knobs))
+
+
+def test_the_width_is_fixed_or_adaptive_as_chosen_at_start_up():
+    assert _width(adaptive_width="0").policy is None
+    assert _width(adaptive_width="0").choose(4, 100, ["a"] * 4) == 8
+    assert isinstance(_width().policy, WidthPolicy)  # CPU default
+    assert _width(device="cuda").policy is None  # verify graphs exist for the full width only
+    assert _width(tp_size=2, adaptive_width="1").policy is None
+    assert "fixed: SGLANG_DFLASH_ADAPTIVE_WIDTH=0" in _width(adaptive_width="0").describe()
+
+
+def test_width1_steps_turn_the_draft_off_for_the_first_steps():
+    width = _width(adaptive_width="0", width1_steps=2)
+    assert [width.choose(1, 10, ["a"]) for _ in range(4)] == [1, 1, 8, 8]
+
+
+def test_the_policy_is_fed_only_steady_decode_intervals():
+    """The server's first COLD_DECODE_STEPS steps and the step after an extend are not measured."""
+    width = _width(adaptive_width="1")
+    seen = []
+    width.policy.observe_step = lambda bs, w, seconds, context: seen.append(bs)
+    width.policy.choose = lambda bs, context, rids: 8
+    for bs in range(1, COLD_DECODE_STEPS + 4):
+        width.choose(bs, 0, [])
+    # Step k's interval is fed at step k+1, and only when step k came after the cold steps.
+    assert seen == [COLD_DECODE_STEPS + 1, COLD_DECODE_STEPS + 2]
+    width.not_decoding()  # an extend step
+    width.choose(50, 0, [])
+    width.choose(51, 0, [])
+    assert seen == [COLD_DECODE_STEPS + 1, COLD_DECODE_STEPS + 2]  # the step after it is not fed
+    width.choose(52, 0, [])
+    assert seen[-1] == 51
+
+
+def test_how_a_step_without_draft_runs_the_target():
+    assert decode_when_off("cpu", None, "batched")[0] is False  # a verify over one token
+    assert decode_when_off("cpu", None, "per-request")[0] is True
+    assert decode_when_off("cuda", None, "batched")[0] is True
+    assert decode_when_off("cpu", "decode", "batched") == (
+        True,
+        "decode forward (SGLANG_DFLASH_WIDTH1_FORWARD=decode)",
+    )
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_WIDTH1_FORWARD must be decode or verify"):
+        decode_when_off("cpu", "fast", "batched")
+
+
+# ------------------------------------------------------------------ proposals
+
+
+def test_argmax_proposals_with_and_without_logits_agree():
+    gen = torch.Generator().manual_seed(0)
+    lm_head = torch.randn(50, 16, generator=gen)
+    head = SimpleNamespace(
+        logits=lambda hidden: hidden @ lm_head.T, argmax=lambda hidden: (hidden @ lm_head.T).argmax(-1)
+    )
+    proposer = proposer_for(SimpleNamespace(), head)
+    assert isinstance(proposer, ArgmaxProposer) and proposer.name == "argmax"
+    hidden = torch.randn(3, 5, 16, generator=gen)  # [bs, W-1, H]
+    plain = proposer(hidden, with_logits=False)
+    ranked = proposer(hidden, with_logits=True)
+    assert plain.logits is None and plain.q is None
+    assert ranked.logits.shape == (3, 5, 50)
+    assert torch.equal(plain.tokens, ranked.tokens)
+    assert torch.equal(ranked.tokens, (hidden @ lm_head.T).argmax(-1))
