@@ -36,11 +36,12 @@ class RefusedCheckpoint(CheckpointError):
 
 # ------------------------------------------------------------------------------ classes
 
+# The classes of DFlash2 drafts: the plain backbone plus a candidate selector (`selector.py`).
+SELECTOR_ARCHITECTURES = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
+
 # architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
+# Served: `config.SERVED_ARCHITECTURES`.
 REFUSED_ARCHITECTURES = {
-    "DFlash2DraftModel": "DFlash2 (candidate-selector lattice head)",
-    "DFlash2BeamDraftModel": "DFlash2 (its Beam alias)",
-    "MiniMaxDFlash2DraftModel": "DFlash2 (its MiniMax alias)",
     "DFlashLagunaForCausalLM": "Laguna (gated attention, per-slice feature norms)",
     "MuseGlimmerAssistantModel": "Muse Glimmer assistant",
     "LiLiCorrDraftModel": "LiLiCorr (lattice correction head)",
@@ -68,11 +69,14 @@ def refuse_architecture(architectures: Any) -> None:
 class Declares:
     """A config key that declares maths this package does not implement, unless it holds the
     value that turns the feature off; `top_level_only`: served in `dflash_config`, refused at
-    the top level (where SGLang's plain draft does not read it)."""
+    the top level (where SGLang's plain draft does not read it); `served_for`: architectures
+    whose `dflash_config` declares it as served (refused at the top level, which SGLang does
+    not read, and on every other class)."""
 
     family: str
     is_off: Callable[[Any], bool]
     top_level_only: bool = False
+    served_for: tuple[str, ...] = ()
 
 
 def _absent(value: Any) -> bool:
@@ -105,12 +109,16 @@ REFUSED_KEYS: dict[str, Declares] = {
         key: Declares("Domino (GRU rollout projector)", _absent)
         for key in ("projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim")
     },
-    # DFlash2's candidate selector head.
-    "selector_rank": Declares("DFlash2 (candidate selector)", _falsy),
-    "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy),
-    "output_multiplier": Declares("DFlash2 (selector logit multiplier)", _one),
+    # DFlash2's candidate selector head (served on its classes).
+    "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
+    "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
+    "output_multiplier": Declares(
+        "DFlash2 (selector logit multiplier)", _one, served_for=SELECTOR_ARCHITECTURES
+    ),
     "final_logit_softcapping": Declares(
-        "DFlash2 (selector logit soft-capping)", lambda v: v is None or v <= 0
+        "DFlash2 (selector logit soft-capping)",
+        lambda v: v is None or v <= 0,
+        served_for=SELECTOR_ARCHITECTURES,
     ),
     # Laguna's gate (per architecture too, but also refused if it rides on another class).
     "gating": Declares("Laguna (attention output gate)", lambda v: v in (None, False, "disabled")),
@@ -192,17 +200,22 @@ def metadata_keys() -> frozenset:
     return _metadata_keys
 
 
-def check_config(raw: dict) -> None:
-    """Refuse the first key of `raw` (a parsed `config.json`) that is neither parsed, nor
-    metadata, nor switched off. Keys of `dflash_config` and of the top level are both read."""
+def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
+    """Refuse the first key of `raw` (a parsed `config.json` of a draft of class `architecture`)
+    that is neither parsed, nor metadata, nor switched off. Keys of `dflash_config` and of the
+    top level are both read."""
     dflash = raw.get("dflash_config") or {}
     scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
     for key, rule in REFUSED_KEYS.items():
+        served = architecture in rule.served_for
         for where, scope in scopes:
-            if rule.top_level_only and where:
+            if (rule.top_level_only or served) and where:
                 continue
             if key in scope and not rule.is_off(scope[key]):
-                _refuse_key(where + key, scope[key], rule.family)
+                family = rule.family + (
+                    " at the top level (SGLang reads it from dflash_config)" if served else ""
+                )
+                _refuse_key(where + key, scope[key], family)
     for where, scope in scopes:
         for key, value in scope.items():
             prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)

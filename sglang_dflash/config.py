@@ -15,6 +15,7 @@ See docs/serving.md ("Draft checkpoints").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from sglang_dflash import checkpoint_contract
 from sglang_dflash.checkpoint_contract import CheckpointError
 
 ARCHITECTURE = "DFlashDraftModel"
+SERVED_ARCHITECTURES = (ARCHITECTURE, *checkpoint_contract.SELECTOR_ARCHITECTURES)
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -132,6 +134,14 @@ class DFlashDraftConfig:
     # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
     conv_kernel_size: int = 0
     conv_group_size: int = 0
+    # The class, and DFlash2's candidate selector (`selector.py`; dflash_config only): the top
+    # `selector_top_k` tokens of the target's head per slot, walked over a rank-`selector_rank`
+    # lattice. 0: no selector (the plain argmax).
+    architecture: str = ARCHITECTURE
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: Optional[float] = None  # None: off
 
     @property
     def rope_width(self) -> int:
@@ -146,6 +156,8 @@ class DFlashDraftConfig:
         if scope not in ("all", "forward", "context_kv"):
             raise ValueError(f"unknown scope {scope!r}")
         options = []
+        if scope == "all" and self.selector_rank:
+            options.append(f"candidate selector (rank {self.selector_rank}, top {self.selector_top_k})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
         if scope != "context_kv" and self.conv_kernel_size:
@@ -217,11 +229,15 @@ class DFlashDraftConfig:
 
         archs = raw.get("architectures")
         checkpoint_contract.refuse_architecture(archs)
-        if not isinstance(archs, list) or ARCHITECTURE not in archs:
+        architecture = (
+            next((a for a in archs if a in SERVED_ARCHITECTURES), None) if isinstance(archs, list) else None
+        )
+        if architecture is None:
             raise CheckpointError(
-                f"draft config field 'architectures' must contain {ARCHITECTURE!r}, got {archs!r}"
+                f"draft config field 'architectures' must contain one of {list(SERVED_ARCHITECTURES)}, "
+                f"got {archs!r}"
             )
-        checkpoint_contract.check_config(raw)
+        checkpoint_contract.check_config(raw, architecture)
 
         hidden_size = _int_field("hidden_size", require("hidden_size"), minimum=1)
         num_layers = _int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
@@ -250,19 +266,8 @@ class DFlashDraftConfig:
         value_scale = dflash.get("attention_value_scale")
         if value_scale is not None:
             value_scale = float(_number_field("attention_value_scale", value_scale))
-        conv = {}
-        for name in ("conv_kernel_size", "conv_group_size"):
-            conv[name] = _int_field(name, dflash.get(name, 0), minimum=0)
-        if bool(conv["conv_kernel_size"]) != bool(conv["conv_group_size"]):
-            raise CheckpointError(
-                "draft config fields 'conv_kernel_size' and 'conv_group_size' go together, got "
-                f"{conv['conv_kernel_size']} and {conv['conv_group_size']}"
-            )
-        if conv["conv_group_size"] and hidden_size % conv["conv_group_size"]:
-            raise CheckpointError(
-                f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
-                f"hidden_size ({hidden_size})"
-            )
+        conv = _parse_conv(dflash, hidden_size)
+        selector = _parse_selector(dflash, architecture)
         gemma = _bool_field("use_gemma_norm", get("use_gemma_norm", False))
         eps = _number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
         bias = _bool_field("attention_bias", get("attention_bias", False))
@@ -346,6 +351,8 @@ class DFlashDraftConfig:
             **swiglu,
             attention_sink_bias=sinks,
             **conv,
+            architecture=architecture,
+            **selector,
             attention_value_scale=value_scale,
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
@@ -380,12 +387,22 @@ class DFlashDraftConfig:
                 f"draft checkpoint's block_size {self.block_size}"
             )
 
+    def with_target_vocab(self, vocab_size: int) -> "DFlashDraftConfig":
+        """A config without `vocab_size` takes the target's (SGLang's rule; the selector's
+        codebooks have one row per token)."""
+        return self if self.vocab_size is not None else dataclasses.replace(self, vocab_size=vocab_size)
+
     def check_target(self, *, hidden_size: int, vocab_size: int, num_layers: int) -> tuple[int, ...]:
         """Validate the pairing with a target; return the resolved target layer ids."""
         if hidden_size != self.hidden_size:
             raise CheckpointError(
                 f"draft config field 'hidden_size' is {self.hidden_size} but the target's "
                 f"hidden_size is {hidden_size}"
+            )
+        if self.selector_rank and self.vocab_size is not None and self.vocab_size < vocab_size:
+            raise CheckpointError(
+                f"draft config field 'vocab_size' is {self.vocab_size}, below the target's vocab_size "
+                f"{vocab_size}: the candidate selector's codebooks index the target's vocabulary"
             )
         if self.mask_token_id is not None and self.mask_token_id >= vocab_size:
             raise CheckpointError(
@@ -398,6 +415,45 @@ class DFlashDraftConfig:
 # RoPE keys that SGLang's draft drops when `rope_dim` gives the rotary width (models/dflash.py):
 # the draft sees 1-D positions only.
 ROPE_DIM_SUPERSEDES = ("rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def _parse_conv(dflash: dict, hidden_size: int) -> dict:
+    """Grouped dynamic convolution's two fields (dflash_config only, as SGLang reads them)."""
+    conv = {
+        name: _int_field(name, dflash.get(name, 0), minimum=0)
+        for name in ("conv_kernel_size", "conv_group_size")
+    }
+    if bool(conv["conv_kernel_size"]) != bool(conv["conv_group_size"]):
+        raise CheckpointError(
+            "draft config fields 'conv_kernel_size' and 'conv_group_size' go together, got "
+            f"{conv['conv_kernel_size']} and {conv['conv_group_size']}"
+        )
+    if conv["conv_group_size"] and hidden_size % conv["conv_group_size"]:
+        raise CheckpointError(
+            f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
+            f"hidden_size ({hidden_size})"
+        )
+    return conv
+
+
+def _parse_selector(dflash: dict, architecture: str) -> dict:
+    """DFlash2's selector fields (dflash_config only, as SGLang reads them); required on its
+    classes, refused on the plain one by `checkpoint_contract`."""
+    if architecture not in checkpoint_contract.SELECTOR_ARCHITECTURES:
+        return {}
+    fields = {}
+    for name in ("selector_rank", "selector_top_k"):
+        if not dflash.get(name):
+            raise CheckpointError(
+                f"draft config of class {architecture!r} is missing the field 'dflash_config.{name}'"
+            )
+        fields[name] = _int_field(name, dflash[name], minimum=1)
+    fields["output_multiplier"] = float(
+        _number_field("output_multiplier", dflash.get("output_multiplier", 1.0), positive=True)
+    )
+    softcap = float(_number_field("final_logit_softcapping", dflash.get("final_logit_softcapping") or 0.0))
+    fields["final_logit_softcapping"] = softcap if softcap > 0 else None
+    return fields
 
 
 def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:

@@ -32,6 +32,7 @@ from torch import nn
 from sglang_dflash import checkpoint_contract
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.mask_token import load_mask_embedding
+from sglang_dflash.selector import CandidateSelector
 from sglang_dflash.tensor_parallel import TensorParallel
 
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
@@ -315,6 +316,12 @@ class DFlashDraftModel(nn.Module):
         self.norm = _norm(config, config.hidden_size)
         self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = _norm(config, config.hidden_size)
+        if config.selector_rank:  # DFlash2: the proposals' head (`selector.py`), run by the proposer
+            if config.vocab_size is None:
+                raise ValueError("a selector draft's vocab_size must be resolved (`with_target_vocab`)")
+            self.candidate_selector = CandidateSelector(
+                config.hidden_size, config.vocab_size, config.selector_rank, config.selector_top_k
+            )
 
     def attention_sinks(self) -> Optional[list[torch.Tensor]]:
         """Per layer, the sink logits [heads on this rank] of MiMo drafts; None without sinks."""

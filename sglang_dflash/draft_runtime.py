@@ -32,7 +32,7 @@ from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.draft_pool import DraftKVPool
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.mask_token import load_mask_embedding, resolve_mask_token_id
-from sglang_dflash.proposals import proposer_for
+from sglang_dflash.proposals import ProposalInputs, proposer_for
 from sglang_dflash.target_features import FeatureLayout
 from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
@@ -83,7 +83,7 @@ class DraftRuntime:
         trained_mask_row = load_mask_embedding(path, self.config)
         if trained_mask_row is not None:
             self.head.use_trained_mask_row(self.config.mask_token_id, trained_mask_row)
-        self.proposer = proposer_for(self.config, self.head)
+        self.proposer = proposer_for(self.draft_model, self.head)
 
         # Built by `allocate`:
         self.store: Optional[DraftKVStore] = None
@@ -100,7 +100,7 @@ class DraftRuntime:
         text_config = runner.model_config.hf_text_config
         # B is resolved by now: a checkpoint without block_size drafts blocks of B.
         config = DFlashDraftConfig.from_pretrained(path, default_block_size=num_draft_tokens)
-        config = resolve_mask_token_id(config, tokenizer, self.vocab_size)
+        config = resolve_mask_token_id(config, tokenizer, self.vocab_size).with_target_vocab(self.vocab_size)
         layer_ids = config.check_target(
             hidden_size=int(text_config.hidden_size),
             vocab_size=self.vocab_size,
@@ -246,8 +246,8 @@ class DraftRuntime:
         features = torch.zeros(1, self.draft_model.fc.in_features, dtype=self.dtype, device=self.device)
         ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1)  # slot 0
         # One block after a one-token context (req_to_token's row 0; only read).
-        _, _, hidden = self.step(req_to_token, one - 1, one, one, one.cpu(), True)
-        self.proposer(hidden[:, 1:], with_logits=False)
+        block_ids, positions, hidden = self.step(req_to_token, one - 1, one, one, one.cpu(), True)
+        self.proposer(hidden[:, 1:], ProposalInputs(block_ids[:, 0], positions))
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info(

@@ -284,6 +284,17 @@ def seeded_gumbel(seeds: torch.Tensor, positions: torch.Tensor, cols: torch.Tens
     return x.log_().neg_()
 
 
+def seeded_uniforms(seeds: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
+    """Uniforms in [0, 1) from the same hash, one per position: seeds [n], positions [n] or
+    [n, m] -> float64 of positions' shape. `column` names the stream (e.g., a constant no token
+    id reaches), so streams of one seed and position are independent."""
+    shape = positions.shape
+    row_seeds = seeds.reshape(-1, *([1] * (positions.dim() - 1))).expand(shape).reshape(-1)
+    cols = torch.tensor([column], dtype=torch.int64, device=positions.device)
+    hashed = murmur_hash32(row_seeds, positions.reshape(-1), cols)[:, 0]
+    return (hashed.double() / 2.0**32).reshape(shape)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 

@@ -159,6 +159,7 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     text = target.get_text_config() if hasattr(target, "get_text_config") else target
     if draft.mask_token_id is None:  # resolved here too, so a bad one fails before any subprocess
         draft = resolve_mask_token_id(draft, _target_tokenizer(cfg), int(text.vocab_size))
+    draft = draft.with_target_vocab(int(text.vocab_size))
     layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),

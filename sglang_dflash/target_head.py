@@ -15,7 +15,7 @@ start-up, through what SGLang may have put around them:
 Under tensor parallelism the embedding module does its own all-reduce, so `embed` is whole on
 every rank. The LM head is vocab-parallel: `logits` gathers the full vocab (for structured
 outputs), while `argmax` gathers one (max, id) pair per row and rank
-(`tensor_parallel.vocab_parallel_argmax`).
+(`tensor_parallel.vocab_parallel_argmax`), and `topk` k pairs (DFlash2's candidates).
 
 See README.md ("Supported targets").
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.tensor_parallel import TensorParallel, vocab_parallel_argmax
+from sglang_dflash.tensor_parallel import TensorParallel, vocab_parallel_argmax, vocab_parallel_topk
 
 
 def _find_lm_head(model):
@@ -128,3 +128,7 @@ class TargetHead:
         if self.tp.size == 1:
             return torch.argmax(local, dim=-1)
         return vocab_parallel_argmax(local, self.vocab_start, self.num_valid, self.tp)
+
+    def topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [..., H] -> the k best tokens' logits [..., k] float32 and ids [..., k]."""
+        return vocab_parallel_topk(self._local_logits(hidden), k, self.vocab_start, self.num_valid, self.tp)

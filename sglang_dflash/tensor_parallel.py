@@ -96,6 +96,31 @@ def vocab_parallel_argmax(
     return all_ids.gather(0, best).squeeze(0)
 
 
+def vocab_parallel_topk(
+    local_logits: torch.Tensor, k: int, vocab_start: int, num_valid: int, tp: TensorParallel
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k over the whole vocab of logits sharded by vocab, gathering k (value, id) pairs
+    per row and rank instead of the vocab (SGLang's `candidate_topk` does the same).
+
+    local_logits [..., P] (as `vocab_parallel_argmax`) -> values [..., k] float32 and ids
+    [..., k] int64, sorted by value, the same on every rank.
+    E.g., two ranks, k 2: rank 0 holds [1, 5, 4] (ids 0-2), rank 1 [6, 2, 0] (ids 3-5): local
+    pairs (5, 1), (4, 2) and (6, 3), (2, 4) -> values [6, 5], ids [3, 1].
+    """
+    valid = local_logits[..., :num_valid].float()
+    if num_valid < k:  # a rank holding fewer than k real tokens (or only padding)
+        pad = valid.new_full((*valid.shape[:-1], k - num_valid), float("-inf"))
+        valid = torch.cat([valid, pad], dim=-1)
+    values, index = valid.topk(k, dim=-1)
+    ids = index.to(torch.int64) + vocab_start
+    if tp.size == 1:
+        return values, ids
+    all_values = tp.all_gather(values).movedim(0, -2).flatten(-2)  # [..., size*k]
+    all_ids = tp.all_gather(ids).movedim(0, -2).flatten(-2)
+    values, best = all_values.topk(k, dim=-1)
+    return values, all_ids.gather(-1, best)
+
+
 def check_ranks_agree(tp: TensorParallel, **tensors: torch.Tensor) -> None:
     """Raise unless every rank holds the same values of each tensor (a debugging check: it
     gathers and syncs the host, so it runs only under SGLANG_DFLASH_CHECK_RANKS=1)."""

@@ -39,6 +39,7 @@ import torch
 from sglang_dflash import logit_processors
 from sglang_dflash.logit_processors import ProcessorHistory
 from sglang_dflash.penalties import PenaltyParams, PenaltyState, needs_penalties
+from sglang_dflash.q_verify import DraftQ, q_sampled_verify
 from sglang_dflash.sampling import BYTES_PER_LOGIT, SamplingRows, rows_per_draw, sampled_verify
 from sglang_dflash.verify import greedy_verify
 
@@ -105,11 +106,13 @@ class Verifier:
         logits: torch.Tensor,
         positions: torch.Tensor,
         grammar_mask=None,
+        draft_q: Optional[DraftQ] = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """candidates [bs, B]; logits [bs*B, V] target verify logits; positions [bs, B] absolute
         positions of the candidates; grammar_mask: SGLang `GrammarMask` over the [bs*B] rows, or
-        None -> accept_len [bs], out_tokens [bs, B], new bonus [bs], and the logits the tokens were
-        chosen from ([bs*B, V]: `logits` itself, adjusted in place when float32)."""
+        None; draft_q: the proposals' draft distributions when a walk sampled them (None: point
+        masses) -> accept_len [bs], out_tokens [bs, B], new bonus [bs], and the logits the tokens
+        were chosen from ([bs*B, V]: `logits` itself, adjusted in place when float32)."""
         self._settle()
         bs, width = candidates.shape
         info = batch.sampling_info
@@ -127,9 +130,22 @@ class Verifier:
             return (*greedy_verify(candidates, predict), logits)
         rows = SamplingRows.from_sampling_info(info)
         seeded_positions = positions if rows.seeds is not None else None
-        verified = sampled_verify(
-            candidates, logits.view(bs, width, -1), rows, seeded_positions, max_rows=self.max_sample_rows
-        )
+        window_logits = logits.view(bs, width, -1)
+        if draft_q is not None:
+            # Besides p it holds the dense q and the residual: half the rows per draw (a margin,
+            # not measured; scripts/bench_sampling_memory.py measures the target-only draw).
+            verified = q_sampled_verify(
+                candidates,
+                window_logits,
+                rows,
+                draft_q,
+                seeded_positions,
+                max_rows=max(1, self.max_sample_rows // 2),
+            )
+        else:
+            verified = sampled_verify(
+                candidates, window_logits, rows, seeded_positions, max_rows=self.max_sample_rows
+            )
         return (*verified, logits)
 
     def _adjust(self, batch, candidates, logits, grammar_mask, penalized) -> torch.Tensor:

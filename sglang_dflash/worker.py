@@ -55,7 +55,7 @@ from sglang_dflash.grammar import GrammarWindow
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.linear_state import LinearStateCommit
 from sglang_dflash.metrics import DFlashMetrics
-from sglang_dflash.proposals import Proposals
+from sglang_dflash.proposals import ProposalInputs, Proposals
 from sglang_dflash.sampling_mask import sampling_mask_output
 from sglang_dflash.server_args import draft_load_format
 from sglang_dflash.step_timer import StepTimer
@@ -279,15 +279,19 @@ class DFlashWorker(BaseSpecWorker):
             with self.timer.phase("draft"):
                 # [bs, W] x2, [bs, W-1, H]
                 block_ids, positions, draft_hidden = self._draft(batch, width, host_lens, host_lens_exact)
-                # The grammar window ranks the draft's candidates by their logits.
-                proposed = self.runtime.proposer(draft_hidden, with_logits=batch.has_grammar)
-        proposals = proposed.tokens  # [bs, W-1]
+                # With a grammar, its window ranks the draft's candidates by their logits.
+                grammar_rows = [req.grammar is not None for req in batch.reqs] if batch.has_grammar else None
+                inputs = ProposalInputs(block_ids[:, 0], positions, batch.sampling_info, grammar_rows)
+                proposed = self.runtime.proposer(draft_hidden, inputs)
+        proposals, draft_q = proposed.tokens, proposed.q  # [bs, W-1]; q: None for point masses
         grammar_mask = None
         if batch.has_grammar:
             with self.timer.phase("grammar"):
                 if grammar_barrier is not None:
                     grammar_barrier()  # the matchers first take in the previous step's tokens
                 proposals, grammar_mask = self.grammar_window(batch.reqs, proposals, proposed.logits)
+                if draft_q is not None:  # a re-picked proposal is a point mass
+                    draft_q = draft_q.pinned(proposals)
         del proposed  # its logits [bs, W-1, V] are not kept alive through the verify forward
         if width > 1:
             candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, W] = [bonus, d1..]
@@ -306,7 +310,7 @@ class DFlashWorker(BaseSpecWorker):
         with self.timer.phase("accept"):
             logits = logits_output.next_token_logits  # [bs*W, V]
             accept_len, out_tokens, new_bonus, logits = self.runtime.verifier.verify(
-                batch, candidates, logits, positions, grammar_mask
+                batch, candidates, logits, positions, grammar_mask, draft_q
             )
             if self.knobs.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = simulated_acceptance(

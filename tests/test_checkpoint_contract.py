@@ -100,9 +100,6 @@ def test_config_keys_that_declare_unserved_maths_are_refused_by_name(edit, messa
 @pytest.mark.parametrize(
     "architecture, family",
     [
-        ("DFlash2DraftModel", "DFlash2"),
-        ("DFlash2BeamDraftModel", "DFlash2 (its Beam alias)"),
-        ("MiniMaxDFlash2DraftModel", "DFlash2 (its MiniMax alias)"),
         ("DFlashLagunaForCausalLM", "Laguna"),
         ("MuseGlimmerAssistantModel", "Muse Glimmer"),
         ("LiLiCorrDraftModel", "LiLiCorr"),
@@ -113,6 +110,27 @@ def test_other_families_are_refused_by_their_name(architecture, family):
     raw = draft_config_dict()
     raw["architectures"] = [architecture]
     with pytest.raises(CheckpointError, match=f"{re.escape(family)}.*{WAY_OUT}"):
+        DFlashDraftConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "architecture", ["DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel"]
+)
+def test_dflash2_classes_are_served_with_their_selector_fields(architecture):
+    raw = draft_config_dict()
+    raw["architectures"] = [architecture]
+    with pytest.raises(CheckpointError, match="missing the field 'dflash_config.selector_rank'"):
+        DFlashDraftConfig.from_dict(raw)
+    raw["dflash_config"].update(
+        selector_rank=8, selector_top_k=4, output_multiplier=0.5, final_logit_softcapping=0
+    )
+    config = DFlashDraftConfig.from_dict(raw)
+    assert (config.architecture, config.selector_rank, config.selector_top_k) == (architecture, 8, 4)
+    assert config.output_multiplier == 0.5 and config.final_logit_softcapping is None
+    assert "candidate selector (rank 8, top 4)" in config.options_in_use()
+    assert "candidate selector" not in " ".join(config.options_in_use("forward"))  # the fused forward applies
+    raw["selector_rank"] = 8  # SGLang reads the selector's fields from dflash_config only
+    with pytest.raises(CheckpointError, match="'selector_rank' = 8 declares DFlash2.*at the top level"):
         DFlashDraftConfig.from_dict(raw)
 
 

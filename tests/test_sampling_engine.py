@@ -15,6 +15,7 @@ import pytest
 
 from tests import engines
 from tests.stats import ALPHA, homogeneity_pvalue
+from tests.tiny_models import add_selector
 
 pytestmark = pytest.mark.sglang
 
@@ -93,6 +94,54 @@ def dflash(tiny, reference):
     samples = _with_engine(_sample, tiny.target("flat"), tiny.draft("a"), 4)
     greedy = _with_engine(_greedy, *tiny.pair("a"), 4)
     return dict(greedy, **samples)
+
+
+def _sample_with_acceptance(engine):
+    out = engines.generate(engine, [PROMPT] * N_SAMPLES, FILTERED, 64)
+    constrained = engines.generate(engine, [PROMPT] * N_SAMPLES, CONSTRAINED, 64)
+    steps = sum(o["meta_info"].get("spec_verify_ct", 0) for o in out)
+    # Every token but the prefill's comes from a verify step; the rest are accepted drafts.
+    verified = sum(len(o["output_ids"]) - 1 for o in out)
+    return {
+        "samples": [tuple(o["output_ids"]) for o in out],
+        "accepted_per_step": (verified - steps) / max(steps, 1),
+        "constrained": [tuple(o["output_ids"]) for o in constrained],
+        "constrained_texts": [o["text"] for o in constrained],
+    }
+
+
+@pytest.fixture(scope="module")
+def dflash2(tiny):
+    """A DFlash2 draft on a target that favours one token (its candidates often hold the
+    target's likely tokens), flattened (`output_multiplier`) so that q is far from p: sampled
+    requests walk its selector at their temperature, the verify accepts with the walk's q
+    (`q_verify.py`), and a wrong q shows in the output."""
+    from tests.test_target_shapes import _target
+
+    target = _target(tiny, "llama")
+    reference = _with_engine(_sample_with_acceptance, target, disable_overlap_schedule=True)
+    flat = tiny.edited_draft(
+        "a", "dflash2-sampling", lambda d: d["dflash_config"].update(output_multiplier=0.2)
+    )
+    return reference, _with_engine(_sample_with_acceptance, target, add_selector(flat, scale=0.3), 4)
+
+
+@pytest.mark.parametrize("positions", [(0, 1), (1, 2), (2,)], ids=["tokens-1-2", "tokens-2-3", "token-3"])
+def test_dflash2_sampled_walks_keep_the_targets_distribution(dflash2, positions):
+    reference, got = dflash2
+    pick = lambda seqs: [tuple(s[i] for i in positions) for s in seqs]  # noqa: E731
+    assert homogeneity_pvalue(pick(reference["samples"]), pick(got["samples"])) > ALPHA
+    print(f"DFlash2 sampled: {got['accepted_per_step']:.2f} drafts accepted per step")
+    assert got["accepted_per_step"] > 0.05  # sampled proposals are accepted: the test has power
+
+
+def test_dflash2_under_a_grammar_keeps_the_targets_distribution(dflash2):
+    import re
+
+    reference, got = dflash2
+    pick = lambda seqs: [tuple(s[i] if i < len(s) else -1 for i in (0, 1)) for s in seqs]  # noqa: E731
+    assert homogeneity_pvalue(pick(reference["constrained"]), pick(got["constrained"])) > ALPHA
+    assert all(re.fullmatch(GRAMMAR_REGEX, text) for text in got["constrained_texts"])
 
 
 @pytest.mark.parametrize("positions", [(0, 1), (1, 2), (2,)], ids=["tokens-1-2", "tokens-2-3", "token-3"])

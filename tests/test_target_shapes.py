@@ -2,9 +2,10 @@
 engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged KV cache (page
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
-and "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
-embedding, MiMo's attention sinks and value scale, and grouped convolution (the llama target's
-plain outputs are shared).
+"draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
+embedding, MiMo's attention sinks and value scale, and grouped convolution, and "dflash2" a
+DFlash2 draft whose proposals walk its candidate selector (the llama target's plain outputs are
+shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests import engines
-from tests.tiny_models import make_family_target
+from tests.tiny_models import add_selector, make_family_target
 
 pytestmark = pytest.mark.sglang
 
@@ -45,6 +46,7 @@ SHAPES = {
     "page16": ("llama", {"page_size": 16}, {}),
     "window16": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
     "draft-options": ("llama", {}, {}),  # with DRAFT_OPTIONS (see below)
+    "dflash2": ("llama", {}, {}),  # draft "a" with a candidate selector (MiniMax's DFlash2 alias)
 }
 # The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
 # against SGLang's own modules): served end to end, lossless, and still accepting.
@@ -158,6 +160,10 @@ def served(request, tiny):
         draft = tiny.edited_draft("a", "options", _with_draft_options)
         _save_mask_embedding(target, draft)
         _add_option_tensors(draft)
+    if request.param == "dflash2":
+        draft = add_selector(
+            tiny.edited_draft("a", "dflash2", lambda d: None), architecture="MiniMaxDFlash2DraftModel"
+        )
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)

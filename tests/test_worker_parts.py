@@ -13,7 +13,7 @@ import torch
 
 from sglang_dflash import knobs as knobs_module
 from sglang_dflash.knobs import Knobs
-from sglang_dflash.proposals import ArgmaxProposer, proposer_for
+from sglang_dflash.proposals import ArgmaxProposer, ProposalInputs, proposer_for
 from sglang_dflash.step_width import COLD_DECODE_STEPS, StepWidth, decode_when_off
 from sglang_dflash.width_policy import WidthPolicy
 
@@ -161,8 +161,9 @@ def test_argmax_proposals_with_and_without_logits_agree():
     proposer = proposer_for(SimpleNamespace(), head)
     assert isinstance(proposer, ArgmaxProposer) and proposer.name == "argmax"
     hidden = torch.randn(3, 5, 16, generator=gen)  # [bs, W-1, H]
-    plain = proposer(hidden, with_logits=False)
-    ranked = proposer(hidden, with_logits=True)
+    anchor, positions = torch.zeros(3, dtype=torch.long), torch.arange(6).repeat(3, 1)
+    plain = proposer(hidden, ProposalInputs(anchor, positions))
+    ranked = proposer(hidden, ProposalInputs(anchor, positions, grammar_rows=[True, False, True]))
     assert plain.logits is None and plain.q is None
     assert ranked.logits.shape == (3, 5, 50)
     assert torch.equal(plain.tokens, ranked.tokens)

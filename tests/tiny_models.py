@@ -286,6 +286,39 @@ def make_draft(path: str, *, seed: int = 1, prefix: str = "", **config_kwargs) -
     return path
 
 
+def add_selector(
+    path: str,
+    *,
+    rank: int = 4,
+    top_k: int = 4,
+    scale: float = 0.1,
+    seed: int = 2,
+    architecture="DFlash2DraftModel",
+) -> str:
+    """Make the draft at `path` a DFlash2 draft: its class, `selector_rank` / `selector_top_k`,
+    and random selector weights whose pair scores are `scale`-sized beside the unary logits."""
+    from safetensors.torch import load_file, save_file
+
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["architectures"] = [architecture]
+    config["dflash_config"].update(selector_rank=rank, selector_top_k=top_k)
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    gen = torch.Generator().manual_seed(seed)
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    tensors["candidate_selector.predecessor_codebook"] = scale * torch.randn(vocab, rank, generator=gen)
+    tensors["candidate_selector.successor_codebook"] = scale * torch.randn(vocab, rank, generator=gen)
+    tensors["candidate_selector.hidden_projection.weight"] = (
+        torch.randn(rank, hidden, generator=gen) / hidden**0.5
+    )
+    save_file(tensors, file)
+    return path
+
+
 def _edit_json(file: str, **fields) -> None:
     with open(file) as f:
         data = json.load(f)
