@@ -38,12 +38,13 @@ class RefusedCheckpoint(CheckpointError):
 
 # The classes of DFlash2 drafts: the plain backbone plus a candidate selector (`selector.py`).
 SELECTOR_ARCHITECTURES = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
+# Muse Glimmer's assistant: the plain draft's maths under its own class (and `model_type`).
+MUSE_ASSISTANT = "MuseGlimmerAssistantModel"
 
 # architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
 # Served: `config.SERVED_ARCHITECTURES`.
 REFUSED_ARCHITECTURES = {
     "DFlashLagunaForCausalLM": "Laguna (gated attention, per-slice feature norms)",
-    "MuseGlimmerAssistantModel": "Muse Glimmer assistant",
     "LiLiCorrDraftModel": "LiLiCorr (lattice correction head)",
     "Qwen3DSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
     "LingDSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",

@@ -17,16 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_dflash import checkpoint_contract
 from sglang_dflash.checkpoint_contract import CheckpointError
+from sglang_dflash.config_fields import (
+    bool_field,
+    int_field,
+    number_field,
+    parse_conv,
+    parse_rope,
+    parse_selector,
+)
 
 ARCHITECTURE = "DFlashDraftModel"
-SERVED_ARCHITECTURES = (ARCHITECTURE, *checkpoint_contract.SELECTOR_ARCHITECTURES)
+SERVED_ARCHITECTURES = (
+    ARCHITECTURE,
+    *checkpoint_contract.SELECTOR_ARCHITECTURES,
+    checkpoint_contract.MUSE_ASSISTANT,
+)
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -65,27 +76,6 @@ def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str
             f"draft checkpoint {path!r} is not a local directory and could not be fetched from the "
             f"Hugging Face hub ({type(error).__name__})"
         ) from error
-
-
-def _int_field(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CheckpointError(f"draft config field {name!r} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _number_field(name: str, value: Any, *, positive: bool = False) -> Any:
-    """`value` if it is a number: finite, or with `positive`, > 0."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not is_number or not (value > 0 if positive else math.isfinite(value)):
-        kind = "a positive number" if positive else "a number"
-        raise CheckpointError(f"draft config field {name!r} must be {kind}, got {value!r}")
-    return value
-
-
-def _bool_field(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise CheckpointError(f"draft config field {name!r} must be a boolean, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -239,20 +229,20 @@ class DFlashDraftConfig:
             )
         checkpoint_contract.check_config(raw, architecture)
 
-        hidden_size = _int_field("hidden_size", require("hidden_size"), minimum=1)
-        num_layers = _int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
-        num_heads = _int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
-        num_kv_heads = _int_field("num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1)
+        hidden_size = int_field("hidden_size", require("hidden_size"), minimum=1)
+        num_layers = int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
+        num_heads = int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
+        num_kv_heads = int_field("num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1)
         if num_heads % num_kv_heads:
             raise CheckpointError(
                 f"draft config field 'num_attention_heads' ({num_heads}) must be a multiple of "
                 f"'num_key_value_heads' ({num_kv_heads})"
             )
         head_dim = get("head_dim") or hidden_size // num_heads
-        head_dim = _int_field("head_dim", head_dim, minimum=2)
+        head_dim = int_field("head_dim", head_dim, minimum=2)
         if head_dim % 2:
             raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
-        intermediate = _int_field("intermediate_size", require("intermediate_size"), minimum=1)
+        intermediate = int_field("intermediate_size", require("intermediate_size"), minimum=1)
         act = get("hidden_act", "silu")
         if act not in ("silu", "swigluoai"):
             raise CheckpointError(
@@ -261,33 +251,33 @@ class DFlashDraftConfig:
         swiglu = {}
         if act == "swigluoai":  # SGLang reads both constants, with no default
             for name in ("swiglu_alpha", "swiglu_limit"):
-                swiglu[name] = float(_number_field(name, require(name), positive=True))
-        sinks = _bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
+                swiglu[name] = float(number_field(name, require(name), positive=True))
+        sinks = bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
         value_scale = dflash.get("attention_value_scale")
         if value_scale is not None:
-            value_scale = float(_number_field("attention_value_scale", value_scale))
-        conv = _parse_conv(dflash, hidden_size)
-        selector = _parse_selector(dflash, architecture)
-        gemma = _bool_field("use_gemma_norm", get("use_gemma_norm", False))
-        eps = _number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
-        bias = _bool_field("attention_bias", get("attention_bias", False))
+            value_scale = float(number_field("attention_value_scale", value_scale))
+        conv = parse_conv(dflash, hidden_size)
+        selector = parse_selector(dflash, architecture)
+        gemma = bool_field("use_gemma_norm", get("use_gemma_norm", False))
+        eps = number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
+        bias = bool_field("attention_bias", get("attention_bias", False))
 
         block_size = get("block_size")
         if block_size is None:
             block_size = default_block_size
         if block_size is None:
             raise CheckpointError("draft config is missing the field 'block_size'")
-        block_size = _int_field("block_size", block_size, minimum=2)
+        block_size = int_field("block_size", block_size, minimum=2)
         mask_token_id = get("mask_token_id")
         if mask_token_id is not None:
-            mask_token_id = _int_field("mask_token_id", mask_token_id, minimum=0)
+            mask_token_id = int_field("mask_token_id", mask_token_id, minimum=0)
         mask_token = get("mask_token") or DEFAULT_MASK_TOKEN
         if not isinstance(mask_token, str):
             raise CheckpointError(f"draft config field 'mask_token' must be a string, got {mask_token!r}")
 
         num_target_layers = get("num_target_layers")
         if num_target_layers is not None:
-            num_target_layers = _int_field("num_target_layers", num_target_layers, minimum=1)
+            num_target_layers = int_field("num_target_layers", num_target_layers, minimum=1)
         layer_ids = get("target_layer_ids")
         if layer_ids is not None:
             if (
@@ -313,18 +303,20 @@ class DFlashDraftConfig:
             )
         sliding_window = get("sliding_window")
         if "sliding_attention" in layer_types:
-            sliding_window = _int_field("sliding_window", sliding_window, minimum=1)
+            sliding_window = int_field("sliding_window", sliding_window, minimum=1)
         else:
             sliding_window = None
         is_causal = get("is_causal")
+        if is_causal is None and raw.get("model_type") == "muse_glimmer_assistant":
+            is_causal = False  # the class default of SGLang's MuseGlimmerAssistantConfig
         if is_causal is not None:
-            _bool_field("is_causal", is_causal)
+            bool_field("is_causal", is_causal)
 
-        scale = _number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
+        scale = number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
         vocab_size = get("vocab_size")
         if vocab_size is not None:
-            vocab_size = _int_field("vocab_size", vocab_size, minimum=1)
-        rope, rotary_dim, neox = _parse_rope(raw, get, head_dim)
+            vocab_size = int_field("vocab_size", vocab_size, minimum=1)
+        rope, rotary_dim, neox = parse_rope(raw, get, head_dim)
 
         return cls(
             hidden_size=hidden_size,
@@ -410,91 +402,3 @@ class DFlashDraftConfig:
                 f"target's vocab_size {vocab_size}"
             )
         return self.resolve_target_layer_ids(num_layers)
-
-
-# RoPE keys that SGLang's draft drops when `rope_dim` gives the rotary width (models/dflash.py):
-# the draft sees 1-D positions only.
-ROPE_DIM_SUPERSEDES = ("rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
-
-
-def _parse_conv(dflash: dict, hidden_size: int) -> dict:
-    """Grouped dynamic convolution's two fields (dflash_config only, as SGLang reads them)."""
-    conv = {
-        name: _int_field(name, dflash.get(name, 0), minimum=0)
-        for name in ("conv_kernel_size", "conv_group_size")
-    }
-    if bool(conv["conv_kernel_size"]) != bool(conv["conv_group_size"]):
-        raise CheckpointError(
-            "draft config fields 'conv_kernel_size' and 'conv_group_size' go together, got "
-            f"{conv['conv_kernel_size']} and {conv['conv_group_size']}"
-        )
-    if conv["conv_group_size"] and hidden_size % conv["conv_group_size"]:
-        raise CheckpointError(
-            f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
-            f"hidden_size ({hidden_size})"
-        )
-    return conv
-
-
-def _parse_selector(dflash: dict, architecture: str) -> dict:
-    """DFlash2's selector fields (dflash_config only, as SGLang reads them); required on its
-    classes, refused on the plain one by `checkpoint_contract`."""
-    if architecture not in checkpoint_contract.SELECTOR_ARCHITECTURES:
-        return {}
-    fields = {}
-    for name in ("selector_rank", "selector_top_k"):
-        if not dflash.get(name):
-            raise CheckpointError(
-                f"draft config of class {architecture!r} is missing the field 'dflash_config.{name}'"
-            )
-        fields[name] = _int_field(name, dflash[name], minimum=1)
-    fields["output_multiplier"] = float(
-        _number_field("output_multiplier", dflash.get("output_multiplier", 1.0), positive=True)
-    )
-    softcap = float(_number_field("final_logit_softcapping", dflash.get("final_logit_softcapping") or 0.0))
-    fields["final_logit_softcapping"] = softcap if softcap > 0 else None
-    return fields
-
-
-def _parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:
-    """(RoPE parameters in transformers' `rope_parameters` form (v5), from either config style;
-    the rotary width, None for the whole head; neox style), as SGLang's draft reads them:
-    `rope_scaling.rope_dim` is the width; else `partial_rotary_factor` narrows the head."""
-    params = raw.get("rope_parameters")
-    if params is None:
-        params = dict(raw.get("rope_scaling") or {})
-        if "type" in params and "rope_type" not in params:
-            params["rope_type"] = params.pop("type")
-        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
-    params = dict(params)
-    params.setdefault("rope_type", "default")
-    _number_field("rope_theta", params.get("rope_theta"), positive=True)
-    if params["rope_type"] in ("dynamic",):
-        raise CheckpointError(
-            f"draft config rope type {params['rope_type']!r} is not supported (position-dependent)"
-        )
-    rope_dim = params.get("rope_dim")
-    if rope_dim is not None:
-        rotary_dim = _int_field("rope_scaling.rope_dim", rope_dim, minimum=2)
-    else:
-        factor = params.get("partial_rotary_factor", get("partial_rotary_factor", 1.0))
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
-            raise CheckpointError(
-                f"draft config field 'partial_rotary_factor' must be in (0, 1], got {factor!r}"
-            )
-        rotary_dim = int(head_dim * factor) if factor < 1 else head_dim
-    if rotary_dim % 2 or rotary_dim > head_dim:
-        raise CheckpointError(
-            f"draft config gives a rotary width of {rotary_dim} for head_dim {head_dim}: it must be "
-            "even and at most head_dim"
-        )
-    for key in ROPE_DIM_SUPERSEDES:
-        params.pop(key, None)
-    if rotary_dim != head_dim and params["rope_type"] != "default":
-        raise CheckpointError(
-            f"draft config rope type {params['rope_type']!r} with a rotary width of {rotary_dim} "
-            f"(head_dim {head_dim}) is not served; {checkpoint_contract.WAY_OUT}"
-        )
-    # Read at the top level, as SGLang does.
-    neox = _bool_field("rope_is_neox_style", raw.get("rope_is_neox_style", raw.get("is_neox_style", True)))
-    return params, (None if rotary_dim == head_dim else rotary_dim), neox

@@ -33,7 +33,7 @@ from sglang_dflash.draft_pool import DraftKVPool
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.mask_token import load_mask_embedding, resolve_mask_token_id
 from sglang_dflash.proposals import ProposalInputs, proposer_for
-from sglang_dflash.target_features import FeatureLayout
+from sglang_dflash.target_features import FeatureLayout, captured_layer_ids
 from sglang_dflash.target_head import TargetHead
 from sglang_dflash.target_pool import num_target_slots
 from sglang_dflash.tensor_parallel import TensorParallel
@@ -108,8 +108,9 @@ class DraftRuntime:
         )
         config.check_num_draft_tokens(num_draft_tokens)
         captured = list(runner.spec_aux_config.dflash_target_layer_ids or [])
-        if captured != list(layer_ids):
-            raise RuntimeError(f"target captures layers {captured}, but the draft needs {list(layer_ids)}")
+        needed = captured_layer_ids(layer_ids, runner.model_config.hf_config.model_type, config.architecture)
+        if captured != needed:
+            raise RuntimeError(f"target captures layers {captured}, but the draft needs {needed}")
         # SGLang captures each layer once, in layer order; fc reads them as listed.
         return config, FeatureLayout(layer_ids, int(text_config.hidden_size), self.device)
 

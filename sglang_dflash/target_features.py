@@ -22,6 +22,20 @@ from typing import Optional, Sequence
 
 import torch
 
+# Drafts whose ids are layer *outputs* on a Muse Glimmer target, which captures layer inputs:
+# SGLang captures id + 1 for them (model_runner_components/spec_aux_hidden_state.py).
+MUSE_LAYER_OUTPUT_DRAFTS = frozenset({"DFlash2DraftModel", "MuseGlimmerAssistantModel"})
+
+
+def captured_layer_ids(
+    layer_ids: Sequence[int], target_model_type: str, draft_architecture: str
+) -> list[int]:
+    """The layers SGLang captures for the draft's `target_layer_ids`: the same ids, or on a Muse
+    Glimmer target (`model_type` muse_glimmer) for the drafts above, each id + 1. The capture
+    order, and so the `fc` layout below, is the same either way (the shift keeps the order)."""
+    shift = target_model_type == "muse_glimmer" and draft_architecture in MUSE_LAYER_OUTPUT_DRAFTS
+    return [i + 1 for i in layer_ids] if shift else list(layer_ids)
+
 
 def captured_chunk_of(layer_ids: Sequence[int]) -> Optional[tuple[int, ...]]:
     """For each listed id, the index of its chunk among SGLang's captures (distinct ids in layer

@@ -101,7 +101,6 @@ def test_config_keys_that_declare_unserved_maths_are_refused_by_name(edit, messa
     "architecture, family",
     [
         ("DFlashLagunaForCausalLM", "Laguna"),
-        ("MuseGlimmerAssistantModel", "Muse Glimmer"),
         ("LiLiCorrDraftModel", "LiLiCorr"),
         ("Qwen3DSparkModel", "DSpark"),
     ],
@@ -132,6 +131,46 @@ def test_dflash2_classes_are_served_with_their_selector_fields(architecture):
     raw["selector_rank"] = 8  # SGLang reads the selector's fields from dflash_config only
     with pytest.raises(CheckpointError, match="'selector_rank' = 8 declares DFlash2.*at the top level"):
         DFlashDraftConfig.from_dict(raw)
+
+
+def test_muse_glimmer_assistants_are_served_with_their_class_defaults():
+    """SGLang builds `model_type: muse_glimmer_assistant` configs with MuseGlimmerAssistantConfig,
+    whose class default is_causal=False makes every layer non-causal, sliding ones too."""
+    raw = draft_config_dict(num_layers=2)
+    raw.update(architectures=["MuseGlimmerAssistantModel"], model_type="muse_glimmer_assistant")
+    raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8)
+    config = DFlashDraftConfig.from_dict(raw)
+    assert config.architecture == "MuseGlimmerAssistantModel" and config.is_causal is False
+    assert not config.layer_is_causal(0) and not config.layer_is_causal(1)
+    raw["is_causal"] = True  # an explicit value wins, as over a class default
+    assert DFlashDraftConfig.from_dict(raw).layer_is_causal(1)
+    raw.pop("is_causal")
+    raw["model_type"] = "qwen3"  # the reference's rule: sliding layers causal
+    assert DFlashDraftConfig.from_dict(raw).layer_is_causal(0)
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("target_type", ["muse_glimmer", "llama"])
+@pytest.mark.parametrize(
+    "architecture",
+    ["MuseGlimmerAssistantModel", "DFlash2DraftModel", "MiniMaxDFlash2DraftModel", "DFlashDraftModel"],
+)
+def test_captured_layer_ids_follow_sglangs_muse_mapping(target_type, architecture):
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        _map_muse_target_layer_ids,
+    )
+
+    from sglang_dflash.target_features import captured_layer_ids
+
+    ids = [1, 5, 9]
+    want = _map_muse_target_layer_ids(
+        target_hf_config=SimpleNamespace(model_type=target_type),
+        draft_hf_config=SimpleNamespace(architectures=[architecture]),
+        layer_ids=ids,
+    )
+    assert captured_layer_ids(ids, target_type, architecture) == want
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,121 @@
+"""Reading `config.json`'s fields: typed readers whose errors name the field and the value, and
+the parsers of the option groups (RoPE, grouped convolution, DFlash2's selector) as SGLang reads
+them (speculative/dflash_utils.py, models/dflash.py). `config.py` assembles them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from sglang_dflash import checkpoint_contract
+from sglang_dflash.checkpoint_contract import CheckpointError
+
+
+def int_field(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CheckpointError(f"draft config field {name!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def number_field(name: str, value: Any, *, positive: bool = False) -> Any:
+    """`value` if it is a number: finite, or with `positive`, > 0."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not (value > 0 if positive else math.isfinite(value)):
+        kind = "a positive number" if positive else "a number"
+        raise CheckpointError(f"draft config field {name!r} must be {kind}, got {value!r}")
+    return value
+
+
+def bool_field(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise CheckpointError(f"draft config field {name!r} must be a boolean, got {value!r}")
+    return value
+
+
+# RoPE keys that SGLang's draft drops when `rope_dim` gives the rotary width (models/dflash.py):
+# the draft sees 1-D positions only.
+ROPE_DIM_SUPERSEDES = ("rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def parse_conv(dflash: dict, hidden_size: int) -> dict:
+    """Grouped dynamic convolution's two fields (dflash_config only, as SGLang reads them)."""
+    conv = {
+        name: int_field(name, dflash.get(name, 0), minimum=0)
+        for name in ("conv_kernel_size", "conv_group_size")
+    }
+    if bool(conv["conv_kernel_size"]) != bool(conv["conv_group_size"]):
+        raise CheckpointError(
+            "draft config fields 'conv_kernel_size' and 'conv_group_size' go together, got "
+            f"{conv['conv_kernel_size']} and {conv['conv_group_size']}"
+        )
+    if conv["conv_group_size"] and hidden_size % conv["conv_group_size"]:
+        raise CheckpointError(
+            f"draft config field 'conv_group_size' ({conv['conv_group_size']}) must divide "
+            f"hidden_size ({hidden_size})"
+        )
+    return conv
+
+
+def parse_selector(dflash: dict, architecture: str) -> dict:
+    """DFlash2's selector fields (dflash_config only, as SGLang reads them); required on its
+    classes, refused on the plain one by `checkpoint_contract`."""
+    if architecture not in checkpoint_contract.SELECTOR_ARCHITECTURES:
+        return {}
+    fields = {}
+    for name in ("selector_rank", "selector_top_k"):
+        if not dflash.get(name):
+            raise CheckpointError(
+                f"draft config of class {architecture!r} is missing the field 'dflash_config.{name}'"
+            )
+        fields[name] = int_field(name, dflash[name], minimum=1)
+    fields["output_multiplier"] = float(
+        number_field("output_multiplier", dflash.get("output_multiplier", 1.0), positive=True)
+    )
+    softcap = float(number_field("final_logit_softcapping", dflash.get("final_logit_softcapping") or 0.0))
+    fields["final_logit_softcapping"] = softcap if softcap > 0 else None
+    return fields
+
+
+def parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:
+    """(RoPE parameters in transformers' `rope_parameters` form (v5), from either config style;
+    the rotary width, None for the whole head; neox style), as SGLang's draft reads them:
+    `rope_scaling.rope_dim` is the width; else `partial_rotary_factor` narrows the head."""
+    params = raw.get("rope_parameters")
+    if params is None:
+        params = dict(raw.get("rope_scaling") or {})
+        if "type" in params and "rope_type" not in params:
+            params["rope_type"] = params.pop("type")
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    params = dict(params)
+    params.setdefault("rope_type", "default")
+    number_field("rope_theta", params.get("rope_theta"), positive=True)
+    if params["rope_type"] in ("dynamic",):
+        raise CheckpointError(
+            f"draft config rope type {params['rope_type']!r} is not supported (position-dependent)"
+        )
+    rope_dim = params.get("rope_dim")
+    if rope_dim is not None:
+        rotary_dim = int_field("rope_scaling.rope_dim", rope_dim, minimum=2)
+    else:
+        factor = params.get("partial_rotary_factor", get("partial_rotary_factor", 1.0))
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise CheckpointError(
+                f"draft config field 'partial_rotary_factor' must be in (0, 1], got {factor!r}"
+            )
+        rotary_dim = int(head_dim * factor) if factor < 1 else head_dim
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise CheckpointError(
+            f"draft config gives a rotary width of {rotary_dim} for head_dim {head_dim}: it must be "
+            "even and at most head_dim"
+        )
+    for key in ROPE_DIM_SUPERSEDES:
+        params.pop(key, None)
+    if rotary_dim != head_dim and params["rope_type"] != "default":
+        raise CheckpointError(
+            f"draft config rope type {params['rope_type']!r} with a rotary width of {rotary_dim} "
+            f"(head_dim {head_dim}) is not served; {checkpoint_contract.WAY_OUT}"
+        )
+    # Read at the top level, as SGLang does.
+    neox = bool_field("rope_is_neox_style", raw.get("rope_is_neox_style", raw.get("is_neox_style", True)))
+    return params, (None if rotary_dim == head_dim else rotary_dim), neox
