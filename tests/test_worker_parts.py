@@ -27,14 +27,14 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_FAIR_SLACK": "off",
         "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
         "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
-        "SGLANG_DFLASH_STEP_TIMING": "/tmp/steps.jsonl",
+        "SGLANG_DFLASH_STEP_TIMING": "steps.jsonl",
         "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE": "1",
         "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT": "1",
         "SGLANG_DFLASH_TEST_WIDTH1_STEPS": "3",
         "SGLANG_DFLASH_CHECK_RANKS": "1",
-        "SGLANG_DFLASH_TRACE_PROPOSALS": "/tmp/trace.jsonl",
+        "SGLANG_DFLASH_TRACE_PROPOSALS": "trace.jsonl",
     }
     got = Knobs.from_env(env, simulated=False)
     assert got == Knobs(
@@ -43,14 +43,14 @@ def test_every_knob_is_read_from_its_variable():
         fair_slack="off",
         width1_forward="decode",
         draft_graphs="0",
-        step_timing="/tmp/steps.jsonl",
+        step_timing="steps.jsonl",
         skip_decode_injection=True,
         skip_draft_transfer=True,
         skip_draft_hicache=True,
         skip_state_commit=True,
         width1_steps=3,
         check_ranks=True,
-        trace_proposals="/tmp/trace.jsonl",
+        trace_proposals="trace.jsonl",
     )
     assert len(got.aids_on()) == 7
     # Unset: the defaults, and no aid in the start-up line.
