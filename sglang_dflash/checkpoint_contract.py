@@ -105,11 +105,6 @@ REFUSED_KEYS: dict[str, Declares] = {
     "eagle_aux_hidden_state_layer_ids": Declares("Nemotron-3.5 (aux hidden-state layer ids)", _absent),
     "swa_window_size": Declares("Nemotron-3.5 (its sliding window)", _absent),
     "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),
-    # Domino projector.
-    **{
-        key: Declares("Domino (GRU rollout projector)", _absent)
-        for key in ("projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim")
-    },
     # DFlash2's candidate selector head (served on its classes).
     "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
     "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
@@ -161,6 +156,7 @@ PARSED_KEYS = frozenset(
         "vocab_size", "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
         "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
         "swiglu_alpha", "swiglu_limit",
+        "projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim",
     }
 )  # fmt: skip
 
@@ -281,6 +277,7 @@ TENSOR_FAMILIES = (
     ),
 )
 SERVED_WHEN_DECLARED = {
+    "Domino (GRU rollout projector)": "projector_type: domino, with shift_label, gru_hidden_dim, emb_dim",
     "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
     "attention sinks": "dflash_config.attention_sink_bias: true",
 }

@@ -28,6 +28,7 @@ from sglang_dflash.config_fields import (
     int_field,
     number_field,
     parse_conv,
+    parse_domino,
     parse_rope,
     parse_selector,
 )
@@ -132,6 +133,12 @@ class DFlashDraftConfig:
     selector_top_k: int = 0
     output_multiplier: float = 1.0
     final_logit_softcapping: Optional[float] = None  # None: off
+    # Domino's projector (`domino.py`; any class): the proposals roll out greedily, each slot's
+    # base logits corrected by a GRU over the tokens proposed before it. None: no projector.
+    projector_type: Optional[str] = None
+    shift_label: bool = False  # True: slot i reads the draft's row i - 1 (else row i)
+    gru_hidden_dim: int = 0
+    emb_dim: int = 0
 
     @property
     def rope_width(self) -> int:
@@ -148,6 +155,8 @@ class DFlashDraftConfig:
         options = []
         if scope == "all" and self.selector_rank:
             options.append(f"candidate selector (rank {self.selector_rank}, top {self.selector_top_k})")
+        if scope == "all" and self.projector_type:
+            options.append(f"Domino rollout (GRU {self.gru_hidden_dim}, projection {self.emb_dim})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
         if scope != "context_kv" and self.conv_kernel_size:
@@ -258,6 +267,12 @@ class DFlashDraftConfig:
             value_scale = float(number_field("attention_value_scale", value_scale))
         conv = parse_conv(dflash, hidden_size)
         selector = parse_selector(dflash, architecture)
+        domino = parse_domino(raw, dflash)
+        if selector and domino:  # SGLang's worker would roll out Domino and ignore the selector
+            raise CheckpointError(
+                f"draft config declares both DFlash2's candidate selector (class {architecture!r}) and "
+                "Domino's projector ('projector_type'), which sglang-dflash does not serve together"
+            )
         gemma = bool_field("use_gemma_norm", get("use_gemma_norm", False))
         eps = number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
         bias = bool_field("attention_bias", get("attention_bias", False))
@@ -345,6 +360,7 @@ class DFlashDraftConfig:
             **conv,
             architecture=architecture,
             **selector,
+            **domino,
             attention_value_scale=value_scale,
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
@@ -395,6 +411,11 @@ class DFlashDraftConfig:
             raise CheckpointError(
                 f"draft config field 'vocab_size' is {self.vocab_size}, below the target's vocab_size "
                 f"{vocab_size}: the candidate selector's codebooks index the target's vocabulary"
+            )
+        if self.projector_type and self.vocab_size is not None and self.vocab_size != vocab_size:
+            raise CheckpointError(
+                f"draft config field 'vocab_size' is {self.vocab_size}, not the target's vocab_size "
+                f"{vocab_size}: Domino's projector scores the target's vocabulary"
             )
         if self.mask_token_id is not None and self.mask_token_id >= vocab_size:
             raise CheckpointError(

@@ -119,3 +119,55 @@ def parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool
     # Read at the top level, as SGLang does.
     neox = bool_field("rope_is_neox_style", raw.get("rope_is_neox_style", raw.get("is_neox_style", True)))
     return params, (None if rotary_dim == head_dim else rotary_dim), neox
+
+
+DOMINO_KEYS = ("shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim")
+
+
+def parse_domino(raw: dict, dflash: dict) -> dict:
+    """Domino's projector fields (`projector_type: "domino"`), each read from dflash_config
+    first, then the top level, as SGLang reads them; `emb_dim` must agree where both give it.
+    Domino keys without the projector, and any other projector, are refused by name (SGLang
+    would ignore them)."""
+
+    def get(name: str) -> Any:
+        return dflash.get(name, raw.get(name))
+
+    projector = get("projector_type")
+    if projector is None:
+        stray = next((k for k in DOMINO_KEYS if get(k) is not None), None)
+        if stray is not None:
+            raise CheckpointError(
+                f"draft config field {stray!r} declares Domino's GRU rollout projector, but "
+                f"'projector_type' is not 'domino'; sglang-dflash would otherwise ignore it; "
+                f"{checkpoint_contract.WAY_OUT}"
+            )
+        return {}
+    if projector != "domino":
+        raise CheckpointError(
+            f"draft config field 'projector_type' is {projector!r}: only 'domino' is served; "
+            f"{checkpoint_contract.WAY_OUT}"
+        )
+    shift_label = get("shift_label")
+    if not isinstance(shift_label, bool):
+        raise CheckpointError(
+            f"Domino draft config field 'shift_label' must be a boolean, got {shift_label!r}"
+        )
+    prefix = get("pure_draft_prefix_len")
+    if prefix != 1 or isinstance(prefix, bool):
+        raise CheckpointError(
+            "Domino draft config field 'pure_draft_prefix_len' must be 1 (as SGLang requires), "
+            f"got {prefix!r}"
+        )
+    nested, top = dflash.get("emb_dim"), raw.get("emb_dim")
+    if nested is not None and top is not None and nested != top:
+        raise CheckpointError(
+            f"Domino draft config field 'emb_dim' differs between dflash_config ({nested!r}) and the "
+            f"top level ({top!r})"
+        )
+    return {
+        "projector_type": "domino",
+        "shift_label": shift_label,
+        "gru_hidden_dim": int_field("gru_hidden_dim", get("gru_hidden_dim"), minimum=1),
+        "emb_dim": int_field("emb_dim", nested if nested is not None else top, minimum=1),
+    }

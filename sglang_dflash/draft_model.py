@@ -31,6 +31,7 @@ from torch import nn
 
 from sglang_dflash import checkpoint_contract
 from sglang_dflash.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.domino import PrefixGRU, embed_projector
 from sglang_dflash.mask_token import load_mask_embedding
 from sglang_dflash.selector import CandidateSelector
 from sglang_dflash.tensor_parallel import TensorParallel
@@ -321,6 +322,13 @@ class DFlashDraftModel(nn.Module):
                 raise ValueError("a selector draft's vocab_size must be resolved (`with_target_vocab`)")
             self.candidate_selector = CandidateSelector(
                 config.hidden_size, config.vocab_size, config.selector_rank, config.selector_top_k
+            )
+        if config.projector_type:  # Domino: the proposals' rollout (`domino.py`), run by the proposer
+            if config.vocab_size is None:
+                raise ValueError("a Domino draft's vocab_size must be resolved (`with_target_vocab`)")
+            self.prefix_gru = PrefixGRU(config.hidden_size, config.gru_hidden_dim)
+            self.embed_proj = embed_projector(
+                config.hidden_size, config.gru_hidden_dim, config.emb_dim, config.vocab_size
             )
 
     def attention_sinks(self) -> Optional[list[torch.Tensor]]:

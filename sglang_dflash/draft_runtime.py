@@ -28,6 +28,7 @@ import torch
 from sglang_dflash import draft_context, draft_step, flashinfer_attention, fused_forward, ops
 from sglang_dflash.attention import SdpaDraftAttention
 from sglang_dflash.config import DFlashDraftConfig
+from sglang_dflash.domino import DEFAULT_POOL_SIZE
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.draft_pool import DraftKVPool
 from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
@@ -53,11 +54,13 @@ class DraftRuntime:
         num_draft_tokens: int,
         context_window: Optional[int] = None,
         init_weights: Optional[Callable] = None,
+        domino_pool_size: int = DEFAULT_POOL_SIZE,
     ):
         """`path`: the checkpoint directory; `runner`: the target's ModelRunner; `tokenizer`:
         the target's (for a `mask_token` string); `num_draft_tokens`: B, the verify width;
         `context_window`: --speculative-draft-window-size; `init_weights`: SGLang's dummy
-        initialiser for `--speculative-draft-load-format dummy`."""
+        initialiser for `--speculative-draft-load-format dummy`; `domino_pool_size`:
+        --speculative-domino-candidate-pool-size (Domino drafts only)."""
         self.path = path
         self.tp = tp
         self.device = runner.device
@@ -83,7 +86,7 @@ class DraftRuntime:
         trained_mask_row = load_mask_embedding(path, self.config)
         if trained_mask_row is not None:
             self.head.use_trained_mask_row(self.config.mask_token_id, trained_mask_row)
-        self.proposer = proposer_for(self.draft_model, self.head)
+        self.proposer = proposer_for(self.draft_model, self.head, domino_pool_size)
 
         # Built by `allocate`:
         self.store: Optional[DraftKVStore] = None
@@ -248,7 +251,7 @@ class DraftRuntime:
         ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1)  # slot 0
         # One block after a one-token context (req_to_token's row 0; only read).
         block_ids, positions, hidden = self.step(req_to_token, one - 1, one, one, one.cpu(), True)
-        self.proposer(hidden[:, 1:], ProposalInputs(block_ids[:, 0], positions))
+        self.proposer(hidden, ProposalInputs(block_ids[:, 0], positions))
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info(

@@ -9,6 +9,8 @@ walk drew it (the verify then accepts with min(1, p/q): `q_verify.py`).
 * `SelectorProposer` (DFlash2): the top-K candidates of the target's head, walked over the
   selector's lattice (`selector.py`), greedily for greedy requests and requests under a grammar,
   by sampling at the request's temperature for the others.
+* `DominoProposer` (Domino's projector): the target's head corrected slot by slot by a GRU over
+  the tokens proposed before (`domino.py`); a greedy rollout for every request, as in SGLang.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from sglang_dflash import domino
 from sglang_dflash.q_verify import DraftQ
 from sglang_dflash.sampling import SamplingRows, seeded_uniforms
 from sglang_dflash.selector import unary_logits, walk
@@ -50,7 +53,8 @@ class Proposer(Protocol):
     name: str
 
     def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
-        """hidden [bs, W-1, H]: the draft's final hidden states at window positions 1..W-1."""
+        """hidden [bs, W, H]: the draft's final hidden states at window positions 0..W-1 (the
+        proposals d_1 .. d_{W-1} are read from rows 1..W-1, or from 0..W-2 by a shifted Domino)."""
         ...
 
 
@@ -64,6 +68,7 @@ class ArgmaxProposer:
         self.head = head  # TargetHead
 
     def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
+        hidden = hidden[:, 1:]  # [bs, W-1, H]
         if not inputs.with_logits:
             return Proposals(self.head.argmax(hidden))  # [bs, W-1]
         logits = self.head.logits(hidden)  # [bs, W-1, V]
@@ -82,6 +87,7 @@ class SelectorProposer:
         self.name = f"candidate selector (top {self.top_k}; greedy and sampled walks)"
 
     def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
+        hidden = hidden[:, 1:]  # [bs, W-1, H]
         bs = hidden.shape[0]
         values, candidate_ids = self.head.topk(hidden, self.top_k)  # [bs, W-1, K] x2
         unary = unary_logits(values, self.multiplier, self.softcap)
@@ -131,9 +137,45 @@ def _candidate_logits(candidate_ids, scores, tokens, vocab_size: int) -> torch.T
     return logits.scatter_(2, candidate_ids, rows)
 
 
-def proposer_for(draft_model, head) -> Proposer:
-    """The proposer of the checkpoint's family: the selector's walk for DFlash2, else the argmax."""
+class DominoProposer:
+    """Domino: the target's head over the proposal slots' hidden states, corrected slot by slot
+    by the projector's GRU over the tokens proposed before (`domino.rollout`). Every request
+    rolls out greedily (SGLang's rule): the proposals are point masses."""
+
+    def __init__(self, draft_model, head, pool_size: int):
+        if pool_size < 0:
+            raise ValueError(f"--speculative-domino-candidate-pool-size must be >= 0, got {pool_size}")
+        self.gru, self.embed_proj = draft_model.prefix_gru, draft_model.embed_proj
+        self.head = head
+        self.shift = draft_model.config.shift_label
+        self.pool_size = pool_size
+        pooled = 0 < pool_size < head.vocab_size
+        pool = f"a candidate pool of {pool_size}" if pooled else "the full vocabulary"
+        rows = "rows 0..W-2 (shift_label)" if self.shift else "rows 1..W-1"
+        self.name = f"Domino rollout (greedy over {pool}; draft {rows})"
+
+    def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
+        z = hidden[:, :-1] if self.shift else hidden[:, 1:]  # [bs, W-1, H]
+        base = self.head.logits(z)  # [bs, W-1, V], the full vocabulary on every rank
+        tokens, scores = domino.rollout(
+            base,
+            z,
+            inputs.anchor,
+            self.head.embed,
+            self.gru,
+            self.embed_proj,
+            self.pool_size,
+            with_scores=inputs.with_logits,
+        )
+        return Proposals(tokens, scores)
+
+
+def proposer_for(draft_model, head, domino_pool_size: int = domino.DEFAULT_POOL_SIZE) -> Proposer:
+    """The proposer of the checkpoint's family: the selector's walk for DFlash2, the rollout for
+    Domino, else the argmax."""
     selector = getattr(draft_model, "candidate_selector", None)
     if selector is not None:
         return SelectorProposer(selector, head, draft_model.config)
+    if getattr(draft_model, "prefix_gru", None) is not None:
+        return DominoProposer(draft_model, head, domino_pool_size)
     return ArgmaxProposer(head)

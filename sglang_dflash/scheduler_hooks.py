@@ -176,6 +176,9 @@ def _add_speculative_state(original, self, state):
         worker = scheduler.draft_worker
         info = getattr(worker, "server_info", None)
         state["dflash_implementation"] = info() if info is not None else BUILTIN
+        runtime = getattr(worker, "runtime", None)
+        if runtime is not None:  # how this draft's family proposes (`proposals.py`)
+            state["dflash_proposals"] = runtime.proposer.name
         check = getattr(worker, "context_check", None)
         if check is not None:
             state["dflash_requests_without_draft_context"] = check.requests_without_context

@@ -114,6 +114,7 @@ class DFlashWorker(BaseSpecWorker):
             num_draft_tokens=self.num_draft_tokens,
             context_window=spec.speculative_draft_window_size,
             init_weights=initialize_dummy_weights if load_format == "dummy" else None,
+            domino_pool_size=spec.speculative_domino_candidate_pool_size,
         )
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
@@ -277,7 +278,7 @@ class DFlashWorker(BaseSpecWorker):
             proposed = Proposals(candidates[:, 1:])  # [bs, 0]
         else:
             with self.timer.phase("draft"):
-                # [bs, W] x2, [bs, W-1, H]
+                # [bs, W] x2, [bs, W, H]
                 block_ids, positions, draft_hidden = self._draft(batch, width, host_lens, host_lens_exact)
                 # With a grammar, its window ranks the draft's candidates by their logits.
                 grammar_rows = [req.grammar is not None for req in batch.reqs] if batch.has_grammar else None
@@ -368,7 +369,7 @@ class DFlashWorker(BaseSpecWorker):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draft forward over the full trained block -> the block's first W ids [bs, W]
         (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
-        window positions 1..W-1 [bs, W-1, H] (read out by the LM head into the proposals)."""
+        window positions 0..W-1 [bs, W, H] (read out into the proposals: `proposals.py`)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         # [bs, Bd] x2, [bs, Bd, H]; `hidden` may be a graph's static output, which the target's
         # verify graph may overwrite (a shared pool): it is read before the verify.
@@ -380,7 +381,7 @@ class DFlashWorker(BaseSpecWorker):
             host_lens,
             host_lens_exact,
         )
-        return block_ids[:, :width], block_positions[:, :width], hidden[:, 1:width]
+        return block_ids[:, :width], block_positions[:, :width], hidden[:, :width]
 
     def _forward_idle(self, on_publish) -> GenerationBatchResult:
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)

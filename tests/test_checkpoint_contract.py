@@ -43,9 +43,12 @@ CONFIG_CASES = [
         id="top-level-conv",
     ),
     pytest.param(
-        _dc(projector_type="domino", gru_hidden_dim=32, emb_dim=24),
-        "'dflash_config.projector_type' = 'domino' declares Domino",
-        id="domino",  # was accepted
+        _dc(shift_label=True, gru_hidden_dim=32, emb_dim=24),
+        "'shift_label' declares Domino's GRU rollout projector, but 'projector_type' is not 'domino'",
+        id="domino-keys-without-the-projector",  # was accepted
+    ),
+    pytest.param(
+        _top(projector_type="mlp"), "'projector_type' is 'mlp': only 'domino' is served", id="other-projector"
     ),
     pytest.param(
         _top(attention_sink_bias=True),

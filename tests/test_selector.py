@@ -118,7 +118,8 @@ def test_selector_proposer_walks_the_heads_top_k():
     hidden = torch.randn(2, SLOTS, H, generator=gen)
     anchor = torch.tensor([3, 9])
     positions = torch.arange(SLOTS + 1).repeat(2, 1)
-    greedy = proposer(hidden, ProposalInputs(anchor, positions))
+    window = torch.cat([torch.zeros_like(hidden[:, :1]), hidden], dim=1)  # [bs, W, H]: rows 0..W-1
+    greedy = proposer(window, ProposalInputs(anchor, positions))
     values, ids = (hidden @ lm_head.T).topk(K, dim=-1)
     scores = selector.lattice(ids, values, hidden, anchor)
     want, _ = walk(ids, scores, torch.zeros(2, SLOTS), torch.ones(2), torch.ones(2, dtype=torch.bool))
@@ -135,11 +136,12 @@ def test_selector_proposer_walks_the_heads_top_k():
         need_min_p_sampling=False,
     )
     for slots in (SLOTS, 1):  # under a grammar: logits that rank each slot's candidates by the walk's row
-        ranked = proposer(hidden[:, :slots], ProposalInputs(anchor, positions, grammar_rows=[True, False]))
+        rows = ProposalInputs(anchor, positions, grammar_rows=[True, False])
+        ranked = proposer(window[:, : slots + 1], rows)
         assert ranked.logits.shape == (2, slots, V)
         assert torch.equal(torch.isfinite(ranked.logits).sum(-1), torch.full((2, slots), K))
         assert torch.equal(ranked.logits.argmax(-1), ranked.tokens)
-    sampled = proposer(hidden, ProposalInputs(anchor, positions, info))
+    sampled = proposer(window, ProposalInputs(anchor, positions, info))
     assert torch.equal(sampled.tokens[0], want[0])  # the greedy request
     assert sampled.q is not None and torch.allclose(sampled.q.probs.sum(-1), torch.ones(2, SLOTS))
     assert torch.equal(sampled.q.ids, ids)

@@ -4,7 +4,8 @@ size 16), and a draft context window shorter than the prompts (--speculative-dra
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
 "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
 embedding, MiMo's attention sinks and value scale, and grouped convolution, and "dflash2" a
-DFlash2 draft whose proposals walk its candidate selector (the llama target's plain outputs are
+DFlash2 draft whose proposals walk its candidate selector, and "domino" a draft whose proposals
+roll out through Domino's projector over a candidate pool (the llama target's plain outputs are
 shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
@@ -27,7 +28,7 @@ import numpy as np
 import pytest
 
 from tests import engines
-from tests.tiny_models import add_selector, make_family_target
+from tests.tiny_models import add_domino, add_selector, make_family_target
 
 pytestmark = pytest.mark.sglang
 
@@ -47,7 +48,11 @@ SHAPES = {
     "window16": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
     "draft-options": ("llama", {}, {}),  # with DRAFT_OPTIONS (see below)
     "dflash2": ("llama", {}, {}),  # draft "a" with a candidate selector (MiniMax's DFlash2 alias)
+    # draft "a" with Domino's projector, its rollout over a candidate pool of 16
+    "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
 }
+# How each shape's draft proposes (`proposals.py`; the server info's "dflash_proposals").
+PROPOSALS = {"dflash2": "candidate selector", "domino": "Domino rollout (greedy over a candidate pool of 16"}
 # The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
 # against SGLang's own modules): served end to end, lossless, and still accepting.
 DRAFT_OPTIONS = {
@@ -164,6 +169,8 @@ def served(request, tiny):
         draft = add_selector(
             tiny.edited_draft("a", "dflash2", lambda d: None), architecture="MiniMaxDFlash2DraftModel"
         )
+    if request.param == "domino":
+        draft = add_domino(tiny.edited_draft("a", "domino", lambda d: None), scale=1.0)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
@@ -174,7 +181,9 @@ def test_greedy_matches_target(served, batch_size):
     shape, want, engine = served
     routed = shape == "qwen3_moe"
     got = _run(engine, batch_size, routed)
-    assert engines.server_state(engine)["dflash_implementation"].startswith("sglang-dflash")
+    state = engines.server_state(engine)
+    assert state["dflash_implementation"].startswith("sglang-dflash")
+    assert state["dflash_proposals"].startswith(PROPOSALS.get(shape, "argmax"))
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]

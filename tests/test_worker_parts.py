@@ -160,10 +160,11 @@ def test_argmax_proposals_with_and_without_logits_agree():
     )
     proposer = proposer_for(SimpleNamespace(), head)
     assert isinstance(proposer, ArgmaxProposer) and proposer.name == "argmax"
-    hidden = torch.randn(3, 5, 16, generator=gen)  # [bs, W-1, H]
+    window = torch.randn(3, 6, 16, generator=gen)  # [bs, W, H]
+    hidden = window[:, 1:]  # the proposal rows
     anchor, positions = torch.zeros(3, dtype=torch.long), torch.arange(6).repeat(3, 1)
-    plain = proposer(hidden, ProposalInputs(anchor, positions))
-    ranked = proposer(hidden, ProposalInputs(anchor, positions, grammar_rows=[True, False, True]))
+    plain = proposer(window, ProposalInputs(anchor, positions))
+    ranked = proposer(window, ProposalInputs(anchor, positions, grammar_rows=[True, False, True]))
     assert plain.logits is None and plain.q is None
     assert ranked.logits.shape == (3, 5, 50)
     assert torch.equal(plain.tokens, ranked.tokens)

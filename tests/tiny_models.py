@@ -319,6 +319,43 @@ def add_selector(
     return path
 
 
+def add_domino(
+    path: str,
+    *,
+    gru_hidden_dim: int = 16,
+    emb_dim: int = 24,
+    shift_label: bool = False,
+    scale: float = 0.1,
+    seed: int = 3,
+) -> str:
+    """Give the draft at `path` Domino's projector: `projector_type: domino` and its fields, and
+    random GRU and projection weights whose corrections are `scale`-sized beside the base logits."""
+    from safetensors.torch import load_file, save_file
+
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["dflash_config"].update(
+        projector_type="domino",
+        shift_label=shift_label,
+        pure_draft_prefix_len=1,
+        gru_hidden_dim=gru_hidden_dim,
+        emb_dim=emb_dim,
+    )
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    gen = torch.Generator().manual_seed(seed)
+    vocab, hidden, g = config["vocab_size"], config["hidden_size"], gru_hidden_dim
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    tensors["prefix_gru.weight_ih_l0"] = torch.randn(3 * g, hidden, generator=gen) / hidden**0.5
+    tensors["prefix_gru.weight_hh_l0"] = torch.randn(3 * g, g, generator=gen) / g**0.5
+    tensors["embed_proj.0.weight"] = torch.randn(emb_dim, hidden + g, generator=gen) / (hidden + g) ** 0.5
+    tensors["embed_proj.2.weight"] = scale * torch.randn(vocab, emb_dim, generator=gen)
+    save_file(tensors, file)
+    return path
+
+
 def _edit_json(file: str, **fields) -> None:
     with open(file) as f:
         data = json.load(f)
