@@ -40,11 +40,13 @@ class RefusedCheckpoint(CheckpointError):
 SELECTOR_ARCHITECTURES = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
 # Muse Glimmer's assistant: the plain draft's maths under its own class (and `model_type`).
 MUSE_ASSISTANT = "MuseGlimmerAssistantModel"
+# Laguna's drafts: a softplus gate on the attention output, a norm per captured feature slice,
+# and the context through each layer's input norm (`config_fields.read_laguna`).
+LAGUNA = "DFlashLagunaForCausalLM"
 
 # architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
 # Served: `config.SERVED_ARCHITECTURES`.
 REFUSED_ARCHITECTURES = {
-    "DFlashLagunaForCausalLM": "Laguna (gated attention, per-slice feature norms)",
     "LiLiCorrDraftModel": "LiLiCorr (lattice correction head)",
     "Qwen3DSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
     "LingDSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
@@ -72,12 +74,14 @@ class Declares:
     value that turns the feature off; `top_level_only`: served in `dflash_config`, refused at
     the top level (where SGLang's plain draft does not read it); `served_for`: architectures
     whose `dflash_config` declares it as served (refused at the top level, which SGLang does
-    not read, and on every other class)."""
+    not read, and on every other class); `top_level_for`: architectures whose top level declares
+    it as served (refused in `dflash_config`, which SGLang does not read for it)."""
 
     family: str
     is_off: Callable[[Any], bool]
     top_level_only: bool = False
     served_for: tuple[str, ...] = ()
+    top_level_for: tuple[str, ...] = ()
 
 
 def _absent(value: Any) -> bool:
@@ -116,9 +120,13 @@ REFUSED_KEYS: dict[str, Declares] = {
         lambda v: v is None or v <= 0,
         served_for=SELECTOR_ARCHITECTURES,
     ),
-    # Laguna's gate (per architecture too, but also refused if it rides on another class).
-    "gating": Declares("Laguna (attention output gate)", lambda v: v in (None, False, "disabled")),
-    "num_attention_heads_per_layer": Declares("Laguna (per-layer head counts)", _absent),
+    # Laguna's gate and head counts (served on its class, at the top level as LagunaConfig reads them).
+    "gating": Declares(
+        "Laguna (attention output gate)", lambda v: v in (None, False, "disabled"), top_level_for=(LAGUNA,)
+    ),
+    "num_attention_heads_per_layer": Declares(
+        "Laguna (per-layer head counts)", _absent, top_level_for=(LAGUNA,)
+    ),
     # Weight formats.
     "quantization_config": Declares("quantized draft weights (fp8, NVFP4, ...)", _absent),
     "text_config": Declares("a nested text_config (multimodal-style draft config)", _absent),
@@ -185,6 +193,16 @@ ROPE_KEYS = frozenset(
     }
 )  # fmt: skip
 
+# Keys SGLang's `LagunaConfig` takes for the Laguna target that a Laguna draft's config may carry
+# and its draft layers never read (their MLP is dense; their attention reads the fields above).
+LAGUNA_TARGET_KEYS = frozenset(
+    {
+        "mlp_layer_types", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "shared_expert_intermediate_size", "moe_routed_scaling_factor", "moe_router_logit_softcapping",
+        "moe_apply_router_weight_on_input", "moe_router_score_func",
+    }
+)  # fmt: skip
+
 _metadata_keys: Optional[frozenset] = None
 
 
@@ -205,20 +223,24 @@ def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
     scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
     for key, rule in REFUSED_KEYS.items():
         served = architecture in rule.served_for
+        served_top = architecture in rule.top_level_for
         for where, scope in scopes:
-            if (rule.top_level_only or served) and where:
+            if ((rule.top_level_only or served) and where) or (served_top and not where):
                 continue
             if key in scope and not rule.is_off(scope[key]):
-                family = rule.family + (
-                    " at the top level (SGLang reads it from dflash_config)" if served else ""
-                )
+                family = rule.family
+                if served:
+                    family += " at the top level (SGLang reads it from dflash_config)"
+                if served_top:
+                    family += " in dflash_config (SGLang reads it at the top level)"
                 _refuse_key(where + key, scope[key], family)
     for where, scope in scopes:
         for key, value in scope.items():
             prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
             if prefix is not None:
                 _refuse_key(where + key, value, PREFIX_FAMILIES[prefix])
-            if key not in PARSED_KEYS and key not in REFUSED_KEYS and key not in metadata_keys():
+            laguna_key = architecture == LAGUNA and key in LAGUNA_TARGET_KEYS and not where
+            if key not in PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys() and not laguna_key:
                 raise RefusedCheckpoint(
                     f"draft config field {where + key!r} ({_short(value)}) is unknown to sglang-dflash, "
                     f"which would otherwise ignore it; {WAY_OUT}"
@@ -278,6 +300,7 @@ TENSOR_FAMILIES = (
 )
 SERVED_WHEN_DECLARED = {
     "Domino (GRU rollout projector)": "projector_type: domino, with shift_label, gru_hidden_dim, emb_dim",
+    "Laguna (gated attention, per-slice feature norms)": f"architectures: [{LAGUNA!r}], with its gating",
     "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
     "attention sinks": "dflash_config.attention_sink_bias: true",
 }

@@ -31,6 +31,7 @@ from sglang_dflash.config_fields import (
     parse_domino,
     parse_rope,
     parse_selector,
+    read_laguna,
 )
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -38,6 +39,7 @@ SERVED_ARCHITECTURES = (
     ARCHITECTURE,
     *checkpoint_contract.SELECTOR_ARCHITECTURES,
     checkpoint_contract.MUSE_ASSISTANT,
+    checkpoint_contract.LAGUNA,
 )
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
@@ -139,6 +141,15 @@ class DFlashDraftConfig:
     shift_label: bool = False  # True: slot i reads the draft's row i - 1 (else row i)
     gru_hidden_dim: int = 0
     emb_dim: int = 0
+    # Laguna's drafts (class `DFlashLagunaForCausalLM`): each captured feature slice has its own
+    # norm before `fc` (`aux_hidden_norms`), every layer's context K/V are projected from its
+    # `input_layernorm` of the context feature, and with `gating` the attention output is scaled
+    # by softplus(g_proj(x)) per head or per element before `o_proj`.
+    gating: str = "disabled"  # "per-head", "per-element" or "disabled"
+
+    @property
+    def is_laguna(self) -> bool:
+        return self.architecture == checkpoint_contract.LAGUNA
 
     @property
     def rope_width(self) -> int:
@@ -157,6 +168,10 @@ class DFlashDraftConfig:
             options.append(f"candidate selector (rank {self.selector_rank}, top {self.selector_top_k})")
         if scope == "all" and self.projector_type:
             options.append(f"Domino rollout (GRU {self.gru_hidden_dim}, projection {self.emb_dim})")
+        if scope != "forward" and self.is_laguna:
+            options.append("Laguna feature-slice norms and context input norm")
+        if scope != "context_kv" and self.gating != "disabled":
+            options.append(f"Laguna attention gate ({self.gating})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
         if scope != "context_kv" and self.conv_kernel_size:
@@ -236,6 +251,9 @@ class DFlashDraftConfig:
                 f"draft config field 'architectures' must contain one of {list(SERVED_ARCHITECTURES)}, "
                 f"got {archs!r}"
             )
+        gating = "disabled"
+        if architecture == checkpoint_contract.LAGUNA:  # read as SGLang's LagunaConfig reads it
+            raw, gating = read_laguna(raw)
         checkpoint_contract.check_config(raw, architecture)
 
         hidden_size = int_field("hidden_size", require("hidden_size"), minimum=1)
@@ -361,6 +379,7 @@ class DFlashDraftConfig:
             architecture=architecture,
             **selector,
             **domino,
+            gating=gating,
             attention_value_scale=value_scale,
             max_position_embeddings=int(get("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),

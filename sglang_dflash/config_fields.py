@@ -171,3 +171,63 @@ def parse_domino(raw: dict, dflash: dict) -> dict:
         "gru_hidden_dim": int_field("gru_hidden_dim", get("gru_hidden_dim"), minimum=1),
         "emb_dim": int_field("emb_dim", nested if nested is not None else top, minimum=1),
     }
+
+
+# SGLang's `LagunaConfig` (configs/laguna.py) defaults of the fields a draft reads, applied to a
+# `model_type: laguna` config that omits them (SGLang builds such configs with that class).
+LAGUNA_DEFAULTS = {
+    "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+    "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "attention_bias": False,
+    "sliding_window": 512,
+}  # fmt: skip
+GATING = {True: "per-head", "per-head": "per-head", "per-element": "per-element", False: "disabled"}
+
+
+def read_laguna(raw: dict) -> tuple[dict, str]:
+    """A Laguna draft's config as SGLang reads it -> (the config with that reading applied, the
+    gating mode: "per-head", "per-element" or "disabled").
+
+    SGLang's `DFlashLagunaAttention` takes `gating` (default true: per head, `normalize_gating`)
+    and one head count for every layer, which `LagunaConfig` takes from
+    `num_attention_heads_per_layer` at the first full-attention layer; different counts per
+    layer are refused here (SGLang would build every layer with that one count). RoPE
+    parameters nested per layer type are refused: SGLang 0.5.23's draft hands the nested dict
+    to `get_rope`, which cannot build it."""
+    raw = dict(raw)
+    if raw.get("model_type") == "laguna":
+        raw.update({k: v for k, v in LAGUNA_DEFAULTS.items() if raw.get(k) is None})
+    gating = raw.get("gating", True)
+    if gating is None or gating == "disabled":
+        gating = False
+    if isinstance(gating, (int, float)) and not isinstance(gating, bool) or gating not in GATING:
+        raise CheckpointError(
+            "Laguna draft config field 'gating' must be true, false, null, 'per-head', 'per-element' "
+            f"or 'disabled', got {gating!r}"
+        )
+    rope = raw.get("rope_parameters")
+    nested = sorted(set(rope) & {"full_attention", "sliding_attention"}) if isinstance(rope, dict) else []
+    if nested:
+        raise CheckpointError(
+            f"draft config field 'rope_parameters' is nested per layer type ({nested}): SGLang 0.5.23's "
+            "Laguna draft cannot build that RoPE either (get_rope takes one flat dict); give one flat "
+            "rope_parameters for every draft layer"
+        )
+    heads = raw.get("num_attention_heads_per_layer")
+    if heads is not None:
+        layers = raw.get("num_hidden_layers")
+        if not isinstance(heads, list) or len(heads) != layers or not heads:
+            raise CheckpointError(
+                "draft config field 'num_attention_heads_per_layer' must list one head count per layer "
+                f"({layers} layers), got {heads!r}"
+            )
+        for count in heads:
+            int_field("num_attention_heads_per_layer", count, minimum=1)
+        if len(set(heads)) > 1:
+            raise CheckpointError(
+                f"draft config field 'num_attention_heads_per_layer' is {heads}: SGLang's Laguna draft "
+                "builds every layer with one head count, so counts that differ are not served; "
+                f"{checkpoint_contract.WAY_OUT}"
+            )
+        raw["num_attention_heads"] = heads[0]
+    return raw, GATING[gating]

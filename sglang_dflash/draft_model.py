@@ -4,7 +4,9 @@ Terminology (used the same way everywhere in this package):
   * target features: the target's hidden states after the layers in `target_layer_ids`,
     concatenated per token, `[N, K*H]`.
   * context feature: `hidden_norm(fc(target features))`, `[N, H]`; every draft layer projects
-    it through its own `k_proj`/`v_proj` (no `input_layernorm`) into context K/V.
+    it through its own `k_proj`/`v_proj` (no `input_layernorm`) into context K/V. Laguna's
+    drafts norm each layer's slice of the features first, and project K/V from each layer's
+    `input_layernorm` of the context feature.
   * block: `[bonus, MASK x (B-1)]`, embedded with the target's embeddings; the block's queries
     attend to the committed context K/V and to the whole block, non-causally.
 
@@ -154,6 +156,10 @@ class DFlashAttention(nn.Module):
         self.attention_sink_bias = (
             nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sink_bias else None
         )
+        # Laguna: the output scaled by softplus(g_proj(x)), one gate per head or per element.
+        self.gate_width = {"per-head": 1, "per-element": self.head_dim}.get(config.gating, 0)
+        if self.gate_width:
+            self.g_proj = nn.Linear(config.hidden_size, self.num_heads * self.gate_width, bias=False)
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -172,6 +178,9 @@ class DFlashAttention(nn.Module):
         q = self.rope(q, cos, sin)
         k, v = self.project_kv(x, cos, sin)
         out = attend(self.layer_id, q, k, v)  # [N, heads, head_dim]
+        if self.gate_width:  # gate [N, heads, 1 or head_dim], softplus in fp32 (as SGLang)
+            gate = F.softplus(self.g_proj(x).float()).to(out.dtype)
+            out = out * gate.view(x.shape[0], self.num_heads, self.gate_width)
         return self.tp.all_reduce(self.o_proj(out.reshape(x.shape[0], -1)))
 
 
@@ -212,6 +221,7 @@ SHARDED_DIMS = {
     "up_proj.weight": 0,
     "down_proj.weight": 1,
     "self_attn.attention_sink_bias": 0,
+    "g_proj.weight": 0,  # Laguna's gate: rows per head (times head_dim per element)
 }
 
 
@@ -317,6 +327,10 @@ class DFlashDraftModel(nn.Module):
         self.norm = _norm(config, config.hidden_size)
         self.fc = nn.Linear(num_target_features * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = _norm(config, config.hidden_size)
+        if config.is_laguna:  # one plain RMSNorm per captured feature slice, before fc (as SGLang)
+            self.aux_hidden_norms = nn.ModuleList(
+                RMSNorm(config.hidden_size, config.rms_norm_eps) for _ in range(num_target_features)
+            )
         if config.selector_rank:  # DFlash2: the proposals' head (`selector.py`), run by the proposer
             if config.vocab_size is None:
                 raise ValueError("a selector draft's vocab_size must be resolved (`with_target_vocab`)")
@@ -341,13 +355,23 @@ class DFlashDraftModel(nn.Module):
 
     def fuse_target_features(self, target_features: torch.Tensor) -> torch.Tensor:
         """[N, K*H] -> context feature [N, H]."""
+        if self.config.is_laguna:  # slice j [N, H] through aux_hidden_norms[j]
+            slices = target_features.unflatten(-1, (self.num_target_features, -1)).unbind(-2)
+            target_features = torch.cat([norm(s) for norm, s in zip(self.aux_hidden_norms, slices)], -1)
         return self.hidden_norm(self.fc(target_features))
 
     def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Context feature [N, H] at `positions` [N] -> k, v [L, N, kv_heads, head_dim]."""
         cos, sin = self.rotary_emb.cos_sin(positions, context.dtype)
-        ks, vs = zip(*(layer.self_attn.project_kv(context, cos, sin) for layer in self.layers))
+        ks, vs = zip(
+            *(layer.self_attn.project_kv(self._kv_input(layer, context), cos, sin) for layer in self.layers)
+        )
         return torch.stack(ks), torch.stack(vs)
+
+    def _kv_input(self, layer: "DFlashDecoderLayer", context: torch.Tensor) -> torch.Tensor:
+        """What a layer projects its context K/V from: the context feature, or for Laguna its
+        `input_layernorm` of it (SGLang's `prepare_context_hidden_for_kv`)."""
+        return layer.input_layernorm(context) if self.config.is_laguna else context
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend: AttendFn) -> torch.Tensor:
         """Block embeddings [N, H] at `positions` [N] -> final hidden states [N, H]."""

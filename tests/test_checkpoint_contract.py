@@ -103,7 +103,6 @@ def test_config_keys_that_declare_unserved_maths_are_refused_by_name(edit, messa
 @pytest.mark.parametrize(
     "architecture, family",
     [
-        ("DFlashLagunaForCausalLM", "Laguna"),
         ("LiLiCorrDraftModel", "LiLiCorr"),
         ("Qwen3DSparkModel", "DSpark"),
     ],

@@ -5,8 +5,8 @@ The Mistral case also serves a draft whose config has neither block_size nor mas
 "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
 embedding, MiMo's attention sinks and value scale, and grouped convolution, and "dflash2" a
 DFlash2 draft whose proposals walk its candidate selector, and "domino" a draft whose proposals
-roll out through Domino's projector over a candidate pool (the llama target's plain outputs are
-shared).
+roll out through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated
+attention, per-slice feature norms; the llama target's plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from tests import engines
-from tests.tiny_models import add_domino, add_selector, make_family_target
+from tests.tiny_models import add_domino, add_laguna, add_selector, make_family_target
 
 pytestmark = pytest.mark.sglang
 
@@ -50,6 +50,7 @@ SHAPES = {
     "dflash2": ("llama", {}, {}),  # draft "a" with a candidate selector (MiniMax's DFlash2 alias)
     # draft "a" with Domino's projector, its rollout over a candidate pool of 16
     "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
+    "laguna": ("llama", {}, {}),  # draft "a" as a Laguna draft: per-element gates, per-slice norms
 }
 # How each shape's draft proposes (`proposals.py`; the server info's "dflash_proposals").
 PROPOSALS = {"dflash2": "candidate selector", "domino": "Domino rollout (greedy over a candidate pool of 16"}
@@ -171,6 +172,8 @@ def served(request, tiny):
         )
     if request.param == "domino":
         draft = add_domino(tiny.edited_draft("a", "domino", lambda d: None), scale=1.0)
+    if request.param == "laguna":
+        draft = add_laguna(tiny.edited_draft("a", "laguna", lambda d: None), gate_scale=1.0)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)

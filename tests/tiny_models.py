@@ -356,6 +356,37 @@ def add_domino(
     return path
 
 
+def add_laguna(path: str, *, gating="per-element", gate_scale: float = 0.1, seed: int = 4) -> str:
+    """Make the draft at `path` a Laguna draft (`DFlashLagunaForCausalLM`, `model_type: laguna`):
+    `gating`, one norm per captured feature slice (near 1) and a gate projection per layer (small,
+    so each gate is near softplus(0))."""
+    from safetensors.torch import load_file, save_file
+
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config.update(architectures=["DFlashLagunaForCausalLM"], model_type="laguna", gating=gating)
+    if config.get("sliding_window") is None:  # LagunaConfig takes an int (its default: 512)
+        config.pop("sliding_window", None)
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    gen = torch.Generator().manual_seed(seed)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    width = {"per-head": heads, "per-element": heads * config["head_dim"]}.get(gating, 0)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    features = tensors["fc.weight"].shape[1] // hidden
+    for j in range(features):
+        tensors[f"aux_hidden_norms.{j}.weight"] = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    for i in range(config["num_hidden_layers"]):
+        if width:
+            tensors[f"layers.{i}.self_attn.g_proj.weight"] = gate_scale * torch.randn(
+                width, hidden, generator=gen
+            )
+    save_file(tensors, file)
+    return path
+
+
 def _edit_json(file: str, **fields) -> None:
     with open(file) as f:
         data = json.load(f)
