@@ -14,6 +14,7 @@ from tests.stats import ALPHA, homogeneity_pvalue
 from tests.test_sampling_engine import FILTERED as SAMPLED
 from tests.test_sampling_engine import N_SAMPLES, SEEDED
 from tests.test_sampling_engine import PROMPT as SAMPLE_PROMPT
+from tests.tiny_models import add_selector
 
 pytestmark = pytest.mark.sglang
 
@@ -128,15 +129,22 @@ def test_other_parallelism_is_refused_by_name(tiny, kwargs, named):
         engines.shutdown(engines.start(*tiny.pair("a"), **kwargs))
 
 
-def test_sampled_verification_at_tp2_matches_the_plain_tp2_distribution(tiny, two_ranks):
+_PLAIN_SAMPLES: list = []  # the plain TP=2 engine's samples, shared by both drafts
+
+
+@pytest.mark.parametrize("kind", ["plain", "dflash2"])
+def test_sampled_verification_at_tp2_matches_the_plain_tp2_distribution(tiny, two_ranks, kind):
     """Unseeded sampling: every rank must draw the same random numbers, or the ranks commit
-    different tokens (and their collectives stop matching)."""
+    different tokens (and their collectives stop matching). "dflash2": a DFlash2 draft, whose
+    sampled walk over the vocab-parallel top-K candidates is verified with its q."""
 
     def samples(draft=None):
         engine = engines.start(tiny.target("flat"), draft, tp_size=2)
         try:
             outputs = engines.generate(engine, [SAMPLE_PROMPT] * N_SAMPLES, SAMPLED, 64)
             if draft is not None:
+                proposals = engines.server_state(engine)["dflash_proposals"]
+                assert proposals.startswith("candidate selector" if kind == "dflash2" else "argmax")
                 _seeded_beside_unseeded(engine)
             return [tuple(o["output_ids"][:2]) for o in outputs]
         finally:
@@ -154,7 +162,12 @@ def test_sampled_verification_at_tp2_matches_the_plain_tp2_distribution(tiny, tw
         assert first[: len(SEEDED)] == second[: len(SEEDED)]
         assert first[len(SEEDED) :] != second[len(SEEDED) :]  # unseeded requests still vary
 
-    plain, ours = samples(), samples(tiny.draft("a"))
+    if not _PLAIN_SAMPLES:
+        _PLAIN_SAMPLES.append(samples())
+    draft = tiny.draft("a")
+    if kind == "dflash2":
+        draft = add_selector(tiny.edited_draft("a", "dflash2-tp", lambda d: None))
+    plain, ours = _PLAIN_SAMPLES[0], samples(draft)
     assert homogeneity_pvalue([s[:1] for s in plain], [s[:1] for s in ours]) > ALPHA
     assert homogeneity_pvalue(plain, ours) > ALPHA
     assert len({s[0] for s in ours}) >= 8  # the test has power
