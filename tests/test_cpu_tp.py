@@ -90,14 +90,15 @@ def test_tp2_serves_the_tp1_tokens(tiny, two_ranks):
 def test_dflash_at_tp2_is_lossless_and_verifies_the_tp1_proposals(tiny, two_ranks, pair):
     """The shipped pair (target: 4 heads, 2 KV heads, vocab 2048, split in two) and target
     "b" (6 heads, 2 KV heads) with a draft of 4 heads and 2 KV heads; 16 prompts at batch
-    sizes 1 and 8, overlap scheduling on and off, greedy and under a regex."""
+    sizes 1 and 8, overlap scheduling on (and off, for the shipped pair), greedy and under a
+    regex."""
     target, draft, prompts = _pair(tiny, pair)
     plain = _run(target, prompts=prompts, tp_size=2)
     want, want_constrained = _ids(plain[8]), _ids(plain["constrained"])
     tp1 = _run(target, draft, prompts, fixed_width=True)
     assert _ids(tp1[8]) == want
     assert _ids(tp1["constrained"]) == want_constrained
-    for overlap in (True, False):
+    for overlap in (True, False) if pair == "shipped" else (True,):
         out = _run(target, draft, prompts, (1, 8), tp_size=2, disable_overlap_schedule=not overlap)
         for batch_size in (1, 8):
             assert _ids(out[batch_size]) == want, (overlap, batch_size)

@@ -457,6 +457,8 @@ def test_the_worker_asks_the_draft_step_and_gets_a_replay():
     Rerun.replays = 0
     block_ids, positions, hidden = DFlashWorker._draft(worker, batch, 5, host, True)
     assert Rerun.replays == 1 and step.eager_steps == {}
-    assert block_ids.shape == (3, 5) and positions.shape == (3, 5) and hidden.shape == (3, 4, 256)
+    assert (
+        block_ids.shape == (3, 5) and positions.shape == (3, 5) and hidden.shape == (3, 5, 256)
+    )  # window rows 0..W-1
     assert block_ids[:, 0].tolist() == bonus.tolist()
     assert positions[:, 0].tolist() == [12, 3, 40]
