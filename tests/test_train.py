@@ -186,9 +186,15 @@ def test_sample_anchors_distinct_valid_reproducible():
     valid = torch.zeros(3, 40, dtype=torch.bool)
     valid[0, 5:30] = True
     valid[1, [3, 7]] = True  # fewer valid positions than anchors
-    a1, v1 = sample_anchors(valid, 6, torch.Generator().manual_seed(0))
-    a2, v2 = sample_anchors(valid, 6, torch.Generator().manual_seed(0))
+    keys = [data.anchor_key(0, 0, i) for i in range(3)]
+    a1, v1 = sample_anchors(valid, 6, keys, 64)
+    a2, v2 = sample_anchors(valid, 6, keys, 64)
     assert torch.equal(a1, a2) and torch.equal(v1, v2)
+    # A row's anchors depend on its key only: not on its batch, its place there or the padding.
+    alone, _ = sample_anchors(valid[:1, :35], 6, keys[:1], 64)
+    assert torch.equal(alone[0], a1[0])
+    other, _ = sample_anchors(valid[:1], 6, [data.anchor_key(0, 1, 0)], 64)  # another epoch
+    assert not torch.equal(other[0], a1[0])
     assert v1[0].all() and v1[1].sum() == 2 and not v1[2].any()
     assert sorted(a1[1][v1[1]].tolist()) == [3, 7]
     for row in a1:
@@ -225,7 +231,7 @@ def test_block_loss_matches_loop_oracle():
     from sglang_dflash.train.objective import Blocks
 
     blocks = Blocks(anchors=None, block_ids=None, positions=None, labels=labels, label_valid=valid)
-    loss, m = block_loss(hidden, blocks, lm_head, weights)
+    loss_sum, m = block_loss(hidden, blocks, lm_head, weights)
 
     num = den = 0.0
     correct, count = [0] * (bs - 1), [0] * (bs - 1)
@@ -248,10 +254,83 @@ def test_block_loss_matches_loop_oracle():
                 while run < len(hits) and hits[run]:
                     run += 1
                 runs.append(run)
-    assert loss.item() == pytest.approx(num / den, rel=1e-5)
+    assert loss_sum.item() == pytest.approx(num, rel=1e-5) and m.weight_sum.item() == pytest.approx(den)
+    assert m.loss == pytest.approx(num / den, rel=1e-5)
     assert m.count.tolist() == count and m.correct.tolist() == correct
     assert m.acceptance_length == pytest.approx(1 + sum(runs) / len(runs))
     assert runs[0] == 2
+
+
+def test_the_chunked_head_loss_equals_the_whole_one(monkeypatch):
+    """`head_loss` in checkpointed chunks: the loss, the hits and the gradient of the whole [M, V]
+    path, to fp32 rounding."""
+    from sglang_dflash.train import objective
+
+    gen = torch.Generator().manual_seed(0)
+    m, h, v = 50, 16, 300
+    lm_head = torch.randn(v, h, generator=gen)
+    labels = torch.randint(0, v, (m,), generator=gen)
+    w = torch.rand(m, generator=gen)
+    rows = torch.randn(m, h, generator=gen, requires_grad=True)
+    logits = F.linear(rows, lm_head).float()
+    whole = (w * F.cross_entropy(logits, labels, reduction="none")).sum()
+    (want_grad,) = torch.autograd.grad(whole, rows)
+    monkeypatch.setattr(objective, "LOSS_CHUNK_BYTES", 4 * v * 7)  # 7 rows a chunk: 8 chunks
+    chunked, hits = objective.head_loss(rows, labels, w, lm_head)
+    (grad,) = torch.autograd.grad(chunked, rows)
+    assert chunked.item() == pytest.approx(whole.item(), rel=1e-6)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-6, atol=1e-6)
+    assert torch.equal(hits, logits.argmax(-1) == labels)
+
+
+def test_the_hooked_target_equals_hf_hidden_states_and_logits(files, monkeypatch):
+    """Features from hooks on the named layers and the chunked argmax equal HF's
+    `output_hidden_states` and full logits."""
+    from sglang_dflash.train import target as target_module
+    from sglang_dflash.train.target import FrozenTarget
+
+    frozen = FrozenTarget.load(files["target"], (0, 2, 2), torch.device("cpu"))
+    monkeypatch.setattr(target_module, "PREDICT_CHUNK_BYTES", 4 * 384 * 5)  # 5 rows a chunk
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 384, (2, 11), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    got = frozen.forward(ids, mask)
+    with torch.no_grad():
+        out = frozen.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    want = torch.cat([out.hidden_states[i + 1] for i in (0, 2, 2)], dim=-1)
+    assert torch.equal(got.features, want)
+    assert torch.equal(got.predictions, out.logits.argmax(-1))
+
+
+_PEAK = """
+import resource, sys, torch, torch.nn.functional as F
+from sglang_dflash.train import objective
+m, h, v = 4096, 64, 32768  # 512 anchors x 8 block positions, a 32K vocabulary
+g = torch.Generator().manual_seed(0)
+lm_head, labels = torch.randn(v, h, generator=g), torch.randint(0, v, (m,), generator=g)
+rows, w = torch.randn(m, h, generator=g, requires_grad=True), torch.ones(m)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if sys.argv[1] == "whole":
+    loss = (w * F.cross_entropy(F.linear(rows, lm_head).float(), labels, reduction="none")).sum()
+else:
+    loss, _ = objective.head_loss(rows, labels, w, lm_head)
+loss.backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+
+
+def test_the_chunked_head_loss_peaks_lower():
+    """Peak resident memory of one loss and backward over 4096 labels and a 32K vocabulary, in a
+    fresh process each: the whole [M, V] path against the chunks."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    peak = {
+        mode: int(subprocess.run([sys.executable, "-c", _PEAK, mode], env=env, capture_output=True, text=True,
+                                 check=True).stdout)
+        for mode in ("whole", "chunked")
+    }  # fmt: skip
+    print(f"peak MiB above the inputs: {peak}")
+    assert peak["whole"] > 500 and peak["chunked"] < peak["whole"] / 2, peak
 
 
 # ------------------------------------------------------------ training forward == serving

@@ -3,7 +3,8 @@
 Layout of `<out>/checkpoints/step-000500/`:
   config.json, model.safetensors   the draft at this step (z-lab format, `--export-dtype`)
   trainer_state.pt                 fp32 weights, optimizer, scheduler, step, data position,
-                                   RNG states (anchor sampler, torch, CUDA, python)
+                                   RNG states (torch, CUDA, python; the anchors are keyed
+                                   by example, `data.anchor_key`)
 """
 
 from __future__ import annotations
@@ -31,15 +32,14 @@ def latest_checkpoint(out: str) -> Optional[str]:
     return os.path.dirname(found[-1]) if found else None
 
 
-def rng_state(generator: torch.Generator) -> dict:
-    state = {"anchors": generator.get_state(), "torch": torch.get_rng_state(), "python": random.getstate()}
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
-    generator.set_state(state["anchors"])
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():

@@ -86,6 +86,8 @@ class TrainConfig:
     # Bookkeeping.
     save_every: int = 500
     eval_every: int = 0
+    eval_prompts: Optional[str] = None  # prompts decoded with the live draft: tau_served
+    eval_max_new_tokens: int = 64
     resume: Optional[str] = None  # a checkpoint directory, or "latest"
     device: Optional[str] = None  # None: cuda if available, else cpu
     export_dtype: str = "bfloat16"
@@ -100,6 +102,7 @@ class TrainConfig:
 
         for name in ("max_length", "regen_max_new_tokens", "regen_prompt_tokens", "regen_batch_size"):
             positive(name)
+        positive("eval_max_new_tokens")
         for name in ("num_draft_layers", "num_anchors", "batch_size", "grad_accum", "epochs"):
             positive(name)
         positive("block_size", 2)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -229,46 +228,59 @@ def collate(examples: list[Example], pad_id: int) -> Batch:
     return Batch(input_ids, attention_mask, loss_mask, lengths)
 
 
-class BatchOrder:
-    """A reproducible stream of batches: epoch e visits the examples in randperm(seed + e).
+class ExampleStream:
+    """A reproducible stream of examples: epoch e visits them in randperm(seed + e), and each
+    optimizer step takes the next `step_size` of them (the last step of an epoch may take fewer).
 
-    The position (epoch, index) is the whole state, so a resumed run continues with exactly the
-    batches the interrupted run would have seen.
+    The position (epoch, examples taken in it) is the whole state. It counts examples, not
+    batches or ranks, so a resumed run, with any number of ranks, continues with exactly the
+    examples the interrupted run would have seen next.
     """
 
-    def __init__(self, num_examples: int, batch_size: int, seed: int):
+    def __init__(self, num_examples: int, seed: int):
         self.num_examples = num_examples
-        self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
-        self.index = 0  # batches already taken in this epoch
+        self.taken = 0  # examples already taken in this epoch
 
-    @property
-    def batches_per_epoch(self) -> int:
-        return -(-self.num_examples // self.batch_size)
+    def steps_per_epoch(self, step_size: int) -> int:
+        return -(-self.num_examples // step_size)
 
-    def next(self) -> list[int]:
-        """The example indices of the next batch."""
-        if self.index >= self.batches_per_epoch:
-            self.epoch, self.index = self.epoch + 1, 0
+    def next_step(self, step_size: int) -> tuple[int, list[int]]:
+        """(epoch, the example indices of the next optimizer step)."""
+        if self.taken >= self.num_examples:
+            self.epoch, self.taken = self.epoch + 1, 0
         order = torch.randperm(
             self.num_examples, generator=torch.Generator().manual_seed(self.seed + self.epoch)
         )
-        lo = self.index * self.batch_size
-        self.index += 1
-        return order[lo : lo + self.batch_size].tolist()
+        picked = order[self.taken : self.taken + step_size].tolist()
+        self.taken += len(picked)
+        return self.epoch, picked
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self.epoch, "taken": self.taken}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self.epoch, self.taken = int(state["epoch"]), int(state["taken"])
 
 
-def iter_batches(examples: list[Example], batch_size: int, pad_id: int) -> Iterator[Batch]:
-    """In order, for evaluation."""
-    for lo in range(0, len(examples), batch_size):
-        yield collate(examples[lo : lo + batch_size], pad_id)
+def shard(step: list[int], rank: int, world: int, micro_batches: int, batch_size: int) -> list[list[int]]:
+    """This rank's micro-batches of one optimizer step: a strided share of the step's examples,
+    cut into `micro_batches` lists of at most `batch_size` (empty lists where the step runs out).
+
+    E.g., step [e0 .. e7], 2 ranks, 2 micro-batches of 2: rank 0 gets [[e0, e2], [e4, e6]], rank
+    1 [[e1, e3], [e5, e7]]; one rank with micro-batches of 4 gets [[e0 .. e3], [e4 .. e7]]. Every
+    run shape takes the same examples per step, so the step's summed loss is the same.
+    """
+    mine = step[rank::world]
+    return [mine[m * batch_size : (m + 1) * batch_size] for m in range(micro_batches)]
+
+
+def anchor_key(seed: int, epoch: int, index: int) -> int:
+    """The seed of one example's anchors in one epoch: a function of (seed, epoch, example index)
+    only, so an example's anchors depend on neither its batch, nor its rank, nor the number of
+    ranks."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
 
 
 def write_examples(path: str, examples: list[Example]) -> None:

@@ -1,7 +1,10 @@
 """`Trainer`: set-up, the optimisation loop, evaluation, checkpoints and the final export.
 
 AdamW on the draft only (the target is frozen), linear warm-up then cosine decay, bf16 autocast
-on CUDA and fp32 on CPU, optional gradient accumulation. One step = one optimizer update.
+on CUDA and fp32 on CPU, optional gradient accumulation, data parallel under torchrun
+(`ranks.py`). One step = one optimizer update over `world x grad_accum x batch_size` examples;
+its loss is the weighted CE summed over all of them, divided by the sum of the weights, so 2
+ranks x batch b, 1 rank x 2b and 1 rank x b with accumulation 2 take the same step.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import logging
 import math
 import os
 import random
+import time
 from typing import Optional
 
 import torch
@@ -23,6 +27,7 @@ from sglang_dflash.train import checkpoint, data
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft
 from sglang_dflash.train.objective import DFlashObjective, Metrics
+from sglang_dflash.train.ranks import Ranks
 from sglang_dflash.train.regenerate import regenerate
 from sglang_dflash.train.target import FrozenTarget, inspect_target, load_tokenizer
 
@@ -53,6 +58,10 @@ def init_draft(draft: DFlashDraftModel, std: float) -> None:
                 nn.init.zeros_(module.bias)
 
 
+# A served tau below this fraction of the teacher-forced one is warned about.
+SERVED_GAP = 0.75
+
+
 def format_metrics(m: Metrics) -> str:
     """E.g., 'loss=2.310 tau=1.42 acc%=41 22 13 9'."""
     acc = " ".join(f"{round(100 * a)}" for a in m.accuracy)
@@ -64,7 +73,16 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.ranks = Ranks.from_env(device.type)
+        if device.type == "cuda" and self.ranks.world > 1 and device.index is None:
+            device = torch.device("cuda", self.ranks.local_rank)  # one GPU per process
+        self.device = device
+        if self.ranks.world > 1 and cfg.regenerate is not None:
+            raise TrainConfigError(
+                "--regenerate runs in one process: regenerate first without torchrun (its examples "
+                "are written to OUT/regenerated.jsonl), then train on that file with --data"
+            )
         if cfg.resume is None and checkpoint.latest_checkpoint(cfg.out) is not None:
             raise TrainConfigError(
                 f"--out {cfg.out!r} already holds checkpoints; pass --resume latest to continue "
@@ -89,6 +107,15 @@ class Trainer:
         self.target = FrozenTarget.load(cfg.target, spec.layer_ids, self.device)
         if self.examples is None:
             self.examples = self._prepare(cfg.data, "--data", "regenerated.jsonl", self.target)
+        self.eval_prompts = None
+        if cfg.eval_prompts is not None:
+            self.eval_prompts = data.load_prompts(
+                cfg.eval_prompts,
+                self.tokenizer,
+                max_length=cfg.max_length,
+                prompt_tokens=cfg.regen_prompt_tokens,
+                flag="--eval-prompts",
+            )
         self.eval_examples = None
         if cfg.eval_data is not None:
             self.eval_examples = self._prepare(
@@ -108,18 +135,21 @@ class Trainer:
             num_anchors=cfg.num_anchors,
             labels=cfg.labels,
             gamma=cfg.resolved_loss_gamma,
+            max_length=cfg.max_length,
         )
         self._build_optimizer()
         if cfg.resume is not None:
             self.load(checkpoint.resolve_resume(cfg.resume, cfg.out))
-        with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
-            json.dump(cfg.to_dict(), f, indent=2)
+        if self.ranks.is_main:
+            with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
+                json.dump({**cfg.to_dict(), "ranks": self.ranks.world}, f, indent=2)
 
     def _build_optimizer(self) -> None:
         cfg = self.cfg
-        self.order = data.BatchOrder(len(self.examples), cfg.batch_size, cfg.seed)
-        per_epoch = self.order.batches_per_epoch // cfg.grad_accum
-        self.total_steps = cfg.max_steps or max(1, cfg.epochs * per_epoch)
+        self.stream = data.ExampleStream(len(self.examples), cfg.seed)
+        # Examples per optimizer step, over all ranks.
+        self.step_size = self.ranks.world * cfg.grad_accum * cfg.batch_size
+        self.total_steps = cfg.max_steps or max(1, cfg.epochs * self.stream.steps_per_epoch(self.step_size))
         self.optimizer = torch.optim.AdamW(
             self.draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
         )
@@ -127,7 +157,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, warmup_cosine(self.total_steps, warmup, cfg.min_lr_ratio)
         )
-        self.generator = torch.Generator().manual_seed(cfg.seed)  # anchor sampling
         self.step = 0
 
     # ------------------------------------------------------------------------- data
@@ -165,68 +194,161 @@ class Trainer:
 
     # ------------------------------------------------------------------------- steps
 
-    def train_step(self) -> Metrics:
-        """One optimizer update over `grad_accum` micro-batches."""
+    def train_step(self) -> tuple[Metrics, dict]:
+        """One optimizer update over this rank's micro-batches of the step -> the step's metrics
+        over every rank, and its throughput (`_throughput`)."""
         cfg = self.cfg
+        start = time.perf_counter()
         self.draft.train()
-        merged: Optional[Metrics] = None
-        for _ in range(cfg.grad_accum):
-            picked = [self.examples[i] for i in self.order.next()]
-            batch = data.collate(picked, self.tokenizer.pad_token_id).to(self.device)
+        epoch, step = self.stream.next_step(self.step_size)
+        micro = data.shard(step, self.ranks.rank, self.ranks.world, cfg.grad_accum, cfg.batch_size)
+        merged = Metrics.empty(cfg.block_size - 1)
+        tokens = 0
+        for picked in micro:
+            if not picked:  # this rank's share ran out: it adds nothing (and makes no collective)
+                continue
+            batch = data.collate([self.examples[i] for i in picked], self.tokenizer.pad_token_id)
+            keys = [data.anchor_key(cfg.seed, epoch, i) for i in picked]
             with self._autocast():
-                loss, metrics = self.objective(self.draft, self.target, batch, self.generator)
-            (loss / cfg.grad_accum).backward()
-            merged = metrics if merged is None else merged.merge(metrics)
+                loss_sum, metrics = self.objective(self.draft, self.target, batch.to(self.device), keys)
+            loss_sum.backward()
+            merged = merged.merge(metrics)
+            tokens += int(batch.lengths.sum())
+        counts = (tokens, int(merged.anchors), int(merged.count.sum()))  # this rank's
+        # Every rank's gradients of its summed loss, summed; then divided by the step's weight.
+        self.ranks.sum_gradients(self.draft.parameters())
+        merged = merged.from_vector(self.ranks.sum_(merged.as_vector()))
+        weight = float(merged.weight_sum)
+        if weight > 0:
+            for p in self.draft.parameters():
+                p.grad.div_(weight)
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return merged
+        return merged, self._throughput(time.perf_counter() - start, counts)
+
+    def _throughput(self, seconds: float, counts: tuple[int, int, int]) -> dict:
+        """Tokens, valid anchors and labelled positions per second (`counts`: this rank's), per
+        rank and in total over the slowest rank's time. Each rank fills its row of a [ranks, 4]
+        table, which is then summed over the ranks."""
+        table = torch.zeros(self.ranks.world, 4, dtype=torch.float64)
+        table[self.ranks.rank] = torch.tensor([seconds, *counts], dtype=torch.float64)
+        table = self.ranks.sum_(table)
+        rates = table[:, 1:] / table[:, :1].clamp_min(1e-9)  # [ranks, 3]
+        total = table[:, 1:].sum(0) / table[:, 0].max().clamp_min(1e-9)
+        names = ("tokens_per_s", "anchors_per_s", "labels_per_s")
+        return {
+            **{name: round(float(v), 1) for name, v in zip(names, total)},
+            "per_rank": [{name: round(float(v), 1) for name, v in zip(names, row)} for row in rates],
+        }
 
     @torch.no_grad()
     def evaluate(self, examples: list[data.Example], seed: int = 1234) -> Metrics:
         """Metrics over `examples` in order, with anchors fixed by `seed` (comparable across calls)."""
         self.draft.eval()
-        generator = torch.Generator().manual_seed(seed)
-        merged: Optional[Metrics] = None
-        for batch in data.iter_batches(examples, self.cfg.batch_size, self.tokenizer.pad_token_id):
+        size = self.cfg.batch_size
+        merged = Metrics.empty(self.cfg.block_size - 1)
+        for lo in range(0, len(examples), size):
+            batch = data.collate(examples[lo : lo + size], self.tokenizer.pad_token_id)
+            keys = [data.anchor_key(seed, 0, i) for i in range(lo, lo + len(batch.lengths))]
             with self._autocast():
-                _, metrics = self.objective(self.draft, self.target, batch.to(self.device), generator)
-            merged = metrics if merged is None else merged.merge(metrics)
+                _, metrics = self.objective(self.draft, self.target, batch.to(self.device), keys)
+            merged = merged.merge(metrics)
         return merged
 
     def fit(self) -> None:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        main = self.ranks.is_main  # rank 0 logs, evaluates, saves and exports
         # A resumed run appends; its first records redo the steps after the checkpoint.
-        log = open(os.path.join(cfg.out, "train_log.jsonl"), "a" if cfg.resume else "w")
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", disable=not cfg.progress)
+        log = open(os.path.join(cfg.out, "train_log.jsonl"), "a" if cfg.resume else "w") if main else None
+        bar = tqdm(
+            total=self.total_steps, initial=self.step, desc="train", disable=not (cfg.progress and main)
+        )
+        metrics = None
         try:
             while self.step < self.total_steps:
                 lr = self.scheduler.get_last_lr()[0]
-                metrics = self.train_step()
+                metrics, throughput = self.train_step()
                 bar.update(1)
                 bar.set_postfix_str(format_metrics(metrics))
-                record = {"step": self.step, "lr": lr, **metrics.summary()}
-                if cfg.eval_every and self.eval_examples and self.step % cfg.eval_every == 0:
-                    record["eval"] = self.evaluate(self.eval_examples).summary()
+                if not main:
+                    continue
+                record = {"step": self.step, "lr": lr, **metrics.summary(), "throughput": throughput}
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    record.update(self._evaluations(metrics))
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save(checkpoint.checkpoint_dir(cfg.out, self.step))
         finally:
             bar.close()
-            log.close()
-        self.export(cfg.out)
+            if log is not None:
+                log.close()
+        if main:
+            self.export(cfg.out)
+            final = self._evaluations(metrics)
+            if "eval" in final:
+                logger.info("eval: loss=%.3f tau=%.2f", final["eval"]["loss"], final["eval"]["tau"])
+            if "tau_served" in final:
+                logger.info("eval: tau_served=%.2f", final["tau_served"])
+        self.ranks.close()
+
+    def _evaluations(self, train_metrics: Optional[Metrics]) -> dict:
+        """The held-out metrics (`--eval-data`) and the served acceptance (`--eval-prompts`),
+        with a warning when the served tau falls well below the teacher-forced one."""
+        record: dict = {}
         if self.eval_examples:
-            logger.info("eval: %s", format_metrics(self.evaluate(self.eval_examples)))
+            record["eval"] = self.evaluate(self.eval_examples).summary()
+        if self.eval_prompts:
+            record["tau_served"] = self.served_tau()
+            forced = record["eval"]["tau"] if "eval" in record else None
+            if forced is None and train_metrics is not None:
+                forced = train_metrics.acceptance_length
+            if forced is not None and record["tau_served"] < SERVED_GAP * forced:
+                logger.warning(
+                    "step %d: served acceptance %.2f is below %.0f%% of the teacher-forced %.2f: the "
+                    "draft scores well on the true context but not on its own (check the chat "
+                    "template and data against what is served)",
+                    self.step,
+                    record["tau_served"],
+                    100 * SERVED_GAP,
+                    forced,
+                )
+        return record
+
+    @torch.no_grad()
+    def served_tau(self) -> float:
+        """Mean tokens committed per step over `--eval-prompts`, greedy, with the live draft."""
+        from sglang_dflash.train.served import speculative_generate
+
+        self.draft.eval()
+        committed = []
+        for prompt in self.eval_prompts:
+            with self._autocast():
+                served = speculative_generate(
+                    self.draft,
+                    self.target.model,
+                    self.target.layer_ids,
+                    prompt.input_ids,
+                    self.cfg.eval_max_new_tokens,
+                    self.raw_config["dflash_config"]["mask_token_id"],
+                )
+            committed += served.committed
+        return sum(committed) / max(1, len(committed))
 
     # --------------------------------------------------------------------- persistence
 
     def export(self, path: str) -> None:
         export_draft(self.draft, self.raw_config, path)
+        # What the draft was trained on, for serving it the same way: chats were rendered with
+        # this template, with its default thinking mode (no template arguments).
+        info = {"chat_template": getattr(self.tokenizer, "chat_template", None), "chat_template_kwargs": {}}
+        with open(os.path.join(path, "training_info.json"), "w") as f:
+            json.dump(info, f, indent=2)
 
     def save(self, path: str) -> None:
         state = {
@@ -234,8 +356,8 @@ class Trainer:
             "model": self.draft.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "order": self.order.state_dict(),
-            "rng": checkpoint.rng_state(self.generator),
+            "stream": self.stream.state_dict(),
+            "rng": checkpoint.rng_state(),
         }
         checkpoint.save_checkpoint(path, state, self.export)
 
@@ -244,7 +366,7 @@ class Trainer:
         self.draft.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.order.load_state_dict(state["order"])
-        checkpoint.set_rng_state(state["rng"], self.generator)
+        self.stream.load_state_dict(state["stream"])
+        checkpoint.set_rng_state(state["rng"])
         self.step = int(state["step"])
         logger.info("resumed from %s at step %d", path, self.step)

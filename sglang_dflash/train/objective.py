@@ -50,17 +50,20 @@ def valid_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
 
 
 def sample_anchors(
-    valid: torch.Tensor, num_anchors: int, generator: torch.Generator
+    valid: torch.Tensor, num_anchors: int, keys: list[int], width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to `num_anchors` distinct valid positions per sequence, uniformly at random.
 
     valid [b, S] -> anchors [b, A] (ascending), anchor_valid [b, A], with A = min(num_anchors, S).
     Sequences with fewer valid positions fill up with invalid anchors, which are still run (their
     rows see only their own block and earlier context) but carry no loss.
-    The random numbers come from `generator` on the CPU, so runs reproduce across devices.
+    Row i's random numbers are the first S of `width` (>= S, the longest sequence a run takes)
+    drawn on the CPU from seed `keys[i]` (`data.anchor_key`): they depend on neither the batch's
+    padding nor the device.
     """
     b, s = valid.shape
-    scores = torch.rand((b, s), generator=generator).to(valid.device)
+    rows = [torch.rand(width, generator=torch.Generator().manual_seed(key))[:s] for key in keys]
+    scores = torch.stack(rows).to(valid.device)  # [b, S]
     scores = scores.masked_fill(~valid, -1.0)  # invalid positions lose to every valid one
     top = scores.topk(min(num_anchors, s), dim=1).indices
     anchors = top.sort(dim=1).values
@@ -181,6 +184,7 @@ class Metrics:
     count: torch.Tensor  # [B-1] labels per block position k
     accepted: torch.Tensor  # [] sum over complete blocks of the accepted run length
     blocks: torch.Tensor  # [] complete blocks (every position labelled)
+    anchors: torch.Tensor  # [] valid anchors (blocks with at least their first label)
 
     def merge(self, other: "Metrics") -> "Metrics":
         return Metrics(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
@@ -199,29 +203,73 @@ class Metrics:
         """Mean tokens committed per step if serving verified these blocks: accepted run + bonus."""
         return float(self.accepted.float() / self.blocks.clamp_min(1)) + 1.0
 
+    def as_vector(self) -> torch.Tensor:
+        """Every sum in one float64 vector (to reduce across ranks); `from_vector` inverts it."""
+        return torch.cat([t.detach().double().reshape(-1).cpu() for t in vars(self).values()])
+
+    def from_vector(self, vector: torch.Tensor) -> "Metrics":
+        parts, offset = [], 0
+        for t in vars(self).values():
+            parts.append(vector[offset : offset + t.numel()].view(t.shape).to(t.dtype))
+            offset += t.numel()
+        return Metrics(*parts)
+
+    @classmethod
+    def empty(cls, num_positions: int) -> "Metrics":
+        """No labels (a rank's empty share of a micro-batch)."""
+        zero = torch.zeros((), dtype=torch.float64)
+        counts = torch.zeros(num_positions, dtype=torch.int64)
+        return cls(zero, zero, counts.double(), counts, counts[0], counts[0], counts[0])
+
     def summary(self) -> dict:
         return {"loss": self.loss, "tau": self.acceptance_length, "acc": self.accuracy}
+
+
+# The LM-head loss runs over rows of at most this many fp32 logits at once (`head_loss`).
+LOSS_CHUNK_BYTES = 128 * 2**20
+
+
+def head_loss(
+    rows: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, lm_head_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [M, H], labels [M], weights w [M] -> (sum of w * CE through the LM head, argmax hits
+    [M] bool), in chunks of rows whose fp32 logits fit `LOSS_CHUNK_BYTES`. Each chunk is
+    checkpointed: its [C, V] logits are freed after the forward and recomputed in the backward,
+    so [M, V] never exists whole (at 512 anchors, B = 16 and a 152K vocabulary it would be about
+    4.7 GB per sequence, plus its gradient)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk(x: torch.Tensor, y: torch.Tensor, wy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, lm_head_weight).float()  # [C, V]
+        return (wy * F.cross_entropy(logits, y, reduction="none")).sum(), logits.argmax(-1) == y
+
+    size = max(1, LOSS_CHUNK_BYTES // (4 * lm_head_weight.shape[0]))
+    total, hits = rows.sum() * 0.0, []
+    for lo in range(0, rows.shape[0], size):
+        part = slice(lo, lo + size)
+        loss, hit = checkpoint(chunk, rows[part], labels[part], w[part], use_reentrant=False)
+        total, hits = total + loss, hits + [hit]
+    return total, torch.cat(hits) if hits else labels.new_zeros(0, dtype=torch.bool)
 
 
 def block_loss(
     hidden: torch.Tensor, blocks: Blocks, lm_head_weight: torch.Tensor, weights: torch.Tensor
 ) -> tuple[torch.Tensor, Metrics]:
-    """hidden [b, A, B, H] -> weighted CE over the labelled positions, and metrics.
+    """hidden [b, A, B, H] -> the weighted CE summed over the labelled positions (the caller
+    divides by the sum of the weights over the whole optimizer step: `metrics.weight_sum`
+    summed), and metrics.
 
-    Only labelled positions go through the LM head (a [M, V] logits tensor, M <= b*A*(B-1)).
+    Only labelled positions go through the LM head (M <= b*A*(B-1) rows, in chunks: `head_loss`).
     """
     proposals = hidden[:, :, 1:]  # [b, A, B-1, H]: position 0 holds the given token
     valid = blocks.label_valid
     k_index = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)[valid]  # [M]
-    logits = F.linear(proposals[valid], lm_head_weight).float()  # [M, V]
     labels = blocks.labels[valid]  # [M]
-    ce = F.cross_entropy(logits, labels, reduction="none")  # [M]
     w = weights[k_index]
-    loss_sum, weight_sum = (w * ce).sum(), w.sum()
-    loss = loss_sum / weight_sum.clamp_min(1e-12) if valid.any() else hidden.sum() * 0.0
+    loss_sum, hit = head_loss(proposals[valid], labels, w, lm_head_weight)  # [], [M]
+    weight_sum = w.sum()
 
     with torch.no_grad():
-        hit = logits.argmax(-1) == labels  # [M]
         num_pos = valid.shape[-1]
         correct = torch.bincount(k_index, weights=hit.float(), minlength=num_pos)
         count = torch.bincount(k_index, minlength=num_pos)
@@ -237,8 +285,9 @@ def block_loss(
             count=count,
             accepted=run[complete].sum(),
             blocks=complete.sum(),
+            anchors=valid[..., 0].sum(),
         )
-    return loss, metrics
+    return loss_sum, metrics
 
 
 class DFlashObjective:
@@ -252,23 +301,27 @@ class DFlashObjective:
         num_anchors: int,
         labels: str,
         gamma: float,
+        max_length: int,
     ):
         self.block_size = block_size
         self.mask_token_id = mask_token_id
         self.num_anchors = num_anchors
         self.labels = labels
         self.gamma = gamma
+        self.max_length = max_length  # the anchors' random rows are this long (`sample_anchors`)
 
     def __call__(
         self,
         draft: DFlashDraftModel,
         target: FrozenTarget,
         batch: Batch,
-        generator: torch.Generator,
+        anchor_keys: list[int],
     ) -> tuple[torch.Tensor, Metrics]:
+        """-> the weighted CE summed over the batch's labels (with its graph), and metrics.
+        `anchor_keys`: per sequence, the seed of its anchors (`data.anchor_key`)."""
         target_out = target.forward(batch.input_ids, batch.attention_mask)
         anchors, anchor_valid = sample_anchors(
-            valid_anchors(batch.loss_mask, batch.lengths), self.num_anchors, generator
+            valid_anchors(batch.loss_mask, batch.lengths), self.num_anchors, anchor_keys, self.max_length
         )
         blocks = make_blocks(
             batch,

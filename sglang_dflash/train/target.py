@@ -109,12 +109,38 @@ def inspect_target(
     return TargetSpec(config=config, layer_ids=layer_ids, mask_token_id=mask_id)
 
 
+# The target's predictions are the argmax of at most this many bytes of logits at once.
+PREDICT_CHUNK_BYTES = 128 * 2**20
+
+
 class FrozenTarget:
-    """A Hugging Face causal LM, frozen: features, predictions, embeddings and LM head."""
+    """A Hugging Face causal LM, frozen: features, predictions, embeddings and LM head.
+
+    `forward` runs the decoder (not the LM head) with forward hooks on the layers in
+    `layer_ids`, which keep their outputs (HF's `hidden_states[i + 1]`); the predictions are the
+    LM head's argmax over the last hidden state in row chunks. So neither every layer's hidden
+    states nor the [b, S, V] logits exist at once.
+    """
 
     def __init__(self, model, layer_ids: tuple[int, ...]):
         self.model = model.eval().requires_grad_(False)
         self.layer_ids = layer_ids
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = getattr(self.decoder, "layers", None)
+        if layers is None:
+            raise TrainConfigError(
+                f"the target {type(model).__name__} has no decoder with a `layers` list "
+                "(model.get_decoder().layers), where the recipe captures its features"
+            )
+        self._captured: dict[int, torch.Tensor] = {}
+        for i in layer_ids:
+            layers[i].register_forward_hook(self._keeper(i))
+
+    def _keeper(self, layer_id: int):
+        def keep(module, args, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return keep
 
     @classmethod
     def load(cls, path: str, layer_ids: tuple[int, ...], device: torch.device) -> "FrozenTarget":
@@ -140,6 +166,16 @@ class FrozenTarget:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TargetOutput:
         """input_ids, attention_mask [b, S] (right-padded) -> features and predictions."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        features = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return TargetOutput(features=features, predictions=out.logits.argmax(dim=-1))
+        self._captured.clear()
+        last = self.decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [b, S, H]
+        features = torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)  # [b, S, K*H]
+        self._captured.clear()
+        return TargetOutput(features=features, predictions=self.predict(last))
+
+    def predict(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [b, S, H] (after the final norm) -> the LM head's argmax [b, S], in chunks."""
+        head = self.model.get_output_embeddings()
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        size = max(1, PREDICT_CHUNK_BYTES // (4 * head.weight.shape[0]))
+        ids = [head(rows[lo : lo + size]).argmax(-1) for lo in range(0, rows.shape[0], size)]
+        return torch.cat(ids).view(hidden.shape[:-1])
