@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "--resume", "a checkpoint directory, or 'latest' under OUT/checkpoints")
     add(g, "--save-every", "checkpoint every N steps (0: never)", type=int)
     add(g, "--eval-every", "evaluate --eval-data every N steps (0: only at the end)", type=int)
+    add(
+        g,
+        "--features",
+        "captured target features (python -m sglang_dflash.train.features): no target decoder",
+    )
     add(g, "--eval-prompts", "prompts decoded greedily with the live draft at each evaluation: tau_served")
     add(g, "--eval-max-new-tokens", "tokens generated per --eval-prompts prompt", type=int)
     add(g, "--export-dtype", "dtype of the exported weights", choices=EXPORT_DTYPES)

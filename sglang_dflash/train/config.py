@@ -87,6 +87,7 @@ class TrainConfig:
     save_every: int = 500
     eval_every: int = 0
     eval_prompts: Optional[str] = None  # prompts decoded with the live draft: tau_served
+    features: Optional[str] = None  # captured target features (`features.py`): no target decoder
     eval_max_new_tokens: int = 64
     resume: Optional[str] = None  # a checkpoint directory, or "latest"
     device: Optional[str] = None  # None: cuda if available, else cpu
@@ -156,6 +157,12 @@ class TrainConfig:
                 )
         if "sliding_attention" in self.resolved_layer_types and self.sliding_window is None:
             raise TrainConfigError("--layer-types has a sliding layer, so --sliding-window is required")
+        if self.features is not None:
+            for name in ("regenerate", "eval_data", "eval_prompts"):
+                if getattr(self, name) is not None:
+                    raise TrainConfigError(
+                        f"--{_flag(name)} runs the target's decoder, which --features training does not build"
+                    )
         if self.target_layer_ids is not None and not self.target_layer_ids:
             raise TrainConfigError("--target-layer-ids must name at least one layer")
 

@@ -104,7 +104,14 @@ class Trainer:
         # Data before weights: bad data fails fast, and SGLang regeneration runs before the HF
         # copy of the target takes device memory.
         self.examples = self._prepare(cfg.data, "--data", "regenerated.jsonl", None)
-        self.target = FrozenTarget.load(cfg.target, spec.layer_ids, self.device)
+        self.store = None  # with --features: the captured features, and only the target's head
+        if cfg.features is not None:
+            from sglang_dflash.train.features import FeatureStore, HeadOnlyTarget
+
+            self.store = FeatureStore(cfg.features, self.examples, spec.layer_ids)
+            self.target = HeadOnlyTarget.load(cfg.target, self.device)
+        else:
+            self.target = FrozenTarget.load(cfg.target, spec.layer_ids, self.device)
         if self.examples is None:
             self.examples = self._prepare(cfg.data, "--data", "regenerated.jsonl", self.target)
         self.eval_prompts = None
@@ -209,8 +216,15 @@ class Trainer:
                 continue
             batch = data.collate([self.examples[i] for i in picked], self.tokenizer.pad_token_id)
             keys = [data.anchor_key(cfg.seed, epoch, i) for i in picked]
+            stored = (
+                None
+                if self.store is None
+                else self.store.outputs(picked, batch.input_ids.shape[1], self.device)
+            )
             with self._autocast():
-                loss_sum, metrics = self.objective(self.draft, self.target, batch.to(self.device), keys)
+                loss_sum, metrics = self.objective(
+                    self.draft, self.target, batch.to(self.device), keys, stored
+                )
             loss_sum.backward()
             merged = merged.merge(metrics)
             tokens += int(batch.lengths.sum())

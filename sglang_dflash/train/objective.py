@@ -316,10 +316,13 @@ class DFlashObjective:
         target: FrozenTarget,
         batch: Batch,
         anchor_keys: list[int],
+        target_out: Optional[TargetOutput] = None,
     ) -> tuple[torch.Tensor, Metrics]:
         """-> the weighted CE summed over the batch's labels (with its graph), and metrics.
-        `anchor_keys`: per sequence, the seed of its anchors (`data.anchor_key`)."""
-        target_out = target.forward(batch.input_ids, batch.attention_mask)
+        `anchor_keys`: per sequence, the seed of its anchors (`data.anchor_key`); `target_out`:
+        the target's features and predictions when stored (`features.py`), else computed."""
+        if target_out is None:
+            target_out = target.forward(batch.input_ids, batch.attention_mask)
         anchors, anchor_valid = sample_anchors(
             valid_anchors(batch.loss_mask, batch.lengths), self.num_anchors, anchor_keys, self.max_length
         )
