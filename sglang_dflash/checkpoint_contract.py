@@ -234,13 +234,14 @@ def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
                 if served_top:
                     family += " in dflash_config (SGLang reads it at the top level)"
                 _refuse_key(where + key, scope[key], family)
+    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys()
     for where, scope in scopes:
         for key, value in scope.items():
             prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
             if prefix is not None:
                 _refuse_key(where + key, value, PREFIX_FAMILIES[prefix])
             laguna_key = architecture == LAGUNA and key in LAGUNA_TARGET_KEYS and not where
-            if key not in PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys() and not laguna_key:
+            if key not in known and not laguna_key:
                 raise RefusedCheckpoint(
                     f"draft config field {where + key!r} ({_short(value)}) is unknown to sglang-dflash, "
                     f"which would otherwise ignore it; {WAY_OUT}"
