@@ -356,10 +356,12 @@ class _Embedding:
         return self.table[ids]
 
 
+@pytest.mark.parametrize("mode", ["split", "dense"])
 @pytest.mark.parametrize("sliding", [False, True])
-def test_training_forward_matches_serving(tmp_path, sliding):
+def test_training_forward_matches_serving(tmp_path, sliding, mode):
     """Every anchored block of a padded batch, trained in one forward, gets the hidden states
-    that serving computes for that block alone: context = the tokens before the anchor."""
+    that serving computes for that block alone: context = the tokens before the anchor (with
+    either block attention, `--block-attention`)."""
     path = make_draft(
         str(tmp_path / "draft"), num_layers=2, num_kv_heads=1, target_layer_ids=[0, 2], block_size=4
     )
@@ -390,7 +392,7 @@ def test_training_forward_matches_serving(tmp_path, sliding):
         labels="data",
     )
     with torch.no_grad():
-        got = draft_hidden(draft, target, TargetOutput(features, None), blocks)  # [b, A, B, H]
+        got = draft_hidden(draft, target, TargetOutput(features, None), blocks, mode=mode)  # [b, A, B, H]
 
     store = DraftKVStore(
         num_slots=16, num_layers=2, num_kv_heads=1, head_dim=16, dtype=torch.float32, device="cpu"

@@ -15,6 +15,7 @@ from typing import Optional
 from sglang_dflash.config import CheckpointError
 from sglang_dflash.train.config import (
     AUTOCAST,
+    BLOCK_ATTENTION,
     EXPORT_DTYPES,
     LABELS,
     LAYER_TYPE_ALIASES,
@@ -61,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--autocast",
         "forward precision; auto: bf16 autocast on CUDA, fp32 on CPU (weights and optimizer stay fp32)",
         choices=AUTOCAST,
+    )
+    add(
+        g,
+        "--block-attention",
+        "split: the context by a fused kernel and each block's own keys, merged by log-sum-exp "
+        "(never computes the masked cross-block scores); dense: SDPA over every block with a mask; "
+        "auto: split on CPU, dense on CUDA (the faster on each, as measured)",
+        choices=BLOCK_ATTENTION,
     )
     p.set_defaults(progress=True)
     g.add_argument(

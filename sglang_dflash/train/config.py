@@ -21,6 +21,7 @@ LAYER_TYPE_ALIASES = {
 }
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 AUTOCAST = ("auto", "bf16", "off")  # auto: bf16 on CUDA, none (fp32) on CPU
+BLOCK_ATTENTION = ("auto", "split", "dense")  # `objective.BlockAttention`
 
 
 class TrainConfigError(ValueError):
@@ -93,6 +94,7 @@ class TrainConfig:
     device: Optional[str] = None  # None: cuda if available, else cpu
     export_dtype: str = "bfloat16"
     autocast: str = "auto"  # "auto": bf16 on CUDA, fp32 on CPU; "bf16" also on a CPU with bf16 units
+    block_attention: str = "auto"  # auto: split on CPU, dense on CUDA (`objective.resolve_block_attention`)
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -127,6 +129,7 @@ class TrainConfig:
             ("regen_backend", REGEN_BACKENDS),
             ("export_dtype", EXPORT_DTYPES),
             ("autocast", AUTOCAST),
+            ("block_attention", BLOCK_ATTENTION),
         ):
             if getattr(self, name) not in choices:
                 raise TrainConfigError(

@@ -26,7 +26,7 @@ from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.train import checkpoint, data
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft
-from sglang_dflash.train.objective import DFlashObjective, Metrics
+from sglang_dflash.train.objective import DFlashObjective, Metrics, resolve_block_attention
 from sglang_dflash.train.ranks import Ranks
 from sglang_dflash.train.regenerate import regenerate
 from sglang_dflash.train.target import FrozenTarget, inspect_target, load_tokenizer
@@ -78,6 +78,11 @@ class Trainer:
         if device.type == "cuda" and self.ranks.world > 1 and device.index is None:
             device = torch.device("cuda", self.ranks.local_rank)  # one GPU per process
         self.device = device
+        try:
+            self.block_attention, why = resolve_block_attention(cfg.block_attention, device)
+        except ValueError as e:
+            raise TrainConfigError(str(e)) from e
+        logger.info("block attention: %s (%s)", self.block_attention, why)
         if self.ranks.world > 1 and cfg.regenerate is not None:
             raise TrainConfigError(
                 "--regenerate runs in one process: regenerate first without torchrun (its examples "
@@ -143,6 +148,7 @@ class Trainer:
             labels=cfg.labels,
             gamma=cfg.resolved_loss_gamma,
             max_length=cfg.max_length,
+            block_attention=self.block_attention,
         )
         self._build_optimizer()
         if cfg.resume is not None:
@@ -209,7 +215,7 @@ class Trainer:
         self.draft.train()
         epoch, step = self.stream.next_step(self.step_size)
         micro = data.shard(step, self.ranks.rank, self.ranks.world, cfg.grad_accum, cfg.batch_size)
-        merged = Metrics.empty(cfg.block_size - 1)
+        merged = Metrics.empty(cfg.block_size - 1, self.device)
         tokens = 0
         for picked in micro:
             if not picked:  # this rank's share ran out: it adds nothing (and makes no collective)
@@ -247,7 +253,7 @@ class Trainer:
         """Tokens, valid anchors and labelled positions per second (`counts`: this rank's), per
         rank and in total over the slowest rank's time. Each rank fills its row of a [ranks, 4]
         table, which is then summed over the ranks."""
-        table = torch.zeros(self.ranks.world, 4, dtype=torch.float64)
+        table = torch.zeros(self.ranks.world, 4, dtype=torch.float64, device=self.device)  # NCCL: CUDA
         table[self.ranks.rank] = torch.tensor([seconds, *counts], dtype=torch.float64)
         table = self.ranks.sum_(table)
         rates = table[:, 1:] / table[:, :1].clamp_min(1e-9)  # [ranks, 3]
@@ -263,7 +269,7 @@ class Trainer:
         """Metrics over `examples` in order, with anchors fixed by `seed` (comparable across calls)."""
         self.draft.eval()
         size = self.cfg.batch_size
-        merged = Metrics.empty(self.cfg.block_size - 1)
+        merged = Metrics.empty(self.cfg.block_size - 1, self.device)
         for lo in range(0, len(examples), size):
             batch = data.collate(examples[lo : lo + size], self.tokenizer.pad_token_id)
             keys = [data.anchor_key(seed, 0, i) for i in range(lo, lo + len(batch.lengths))]
@@ -292,6 +298,8 @@ class Trainer:
                 if not main:
                     continue
                 record = {"step": self.step, "lr": lr, **metrics.summary(), "throughput": throughput}
+                if self.device.type == "cuda":  # the allocator's peak so far, this process
+                    record["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20)
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
                     record.update(self._evaluations(metrics))
                 log.write(json.dumps(record) + "\n")
