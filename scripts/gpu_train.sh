@@ -14,7 +14,7 @@
 set -u
 OUT=${OUT:-gpu-train-out}
 PY=${GPU_PY:-python3}
-WORK=${WORK:-/tmp/gpu-train-work}
+WORK=${WORK:-$(mktemp -d)}  # the random 8B target (16 GB) and the runs: not sent back
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 log() { echo "[gpu-train $(date +%T)] $*" | tee -a "$OUT/steps.log"; }

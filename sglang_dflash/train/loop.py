@@ -78,10 +78,7 @@ class Trainer:
         if device.type == "cuda" and self.ranks.world > 1 and device.index is None:
             device = torch.device("cuda", self.ranks.local_rank)  # one GPU per process
         self.device = device
-        try:
-            self.block_attention, why = resolve_block_attention(cfg.block_attention, device)
-        except ValueError as e:
-            raise TrainConfigError(str(e)) from e
+        self.block_attention, why = resolve_block_attention(cfg.block_attention, device)
         logger.info("block attention: %s (%s)", self.block_attention, why)
         if self.ranks.world > 1 and cfg.regenerate is not None:
             raise TrainConfigError(

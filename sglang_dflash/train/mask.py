@@ -38,6 +38,22 @@ def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchors[:, :, None] + offsets).flatten(1)
 
 
+def context_mask(
+    anchors: torch.Tensor, seq_len: int, block_size: int, *, causal: bool, window: Optional[int]
+) -> torch.Tensor:
+    """anchors [b, A] -> bool [b, A*B, S]: the context columns of the mask (tokens before the
+    anchor, and `visibility` by position)."""
+    b = anchors.shape[0]
+    q_pos = block_positions(anchors, block_size)  # [b, Q]
+    ctx_pos = torch.arange(seq_len, device=anchors.device)  # [S]
+    q_anchor = anchors.repeat_interleave(block_size, dim=1)  # [b, Q]; E.g., [1, 3] -> [1, 1, 3, 3]
+    before_anchor = ctx_pos[None, None, :] < q_anchor[:, :, None]  # [b, Q, S]
+    everywhere = torch.ones(b, seq_len, dtype=torch.bool, device=anchors.device)
+    return before_anchor & visibility(
+        q_pos, ctx_pos.expand(b, seq_len), everywhere, causal=causal, window=window
+    )
+
+
 def block_attention_mask(
     anchors: torch.Tensor,
     seq_len: int,
@@ -48,16 +64,11 @@ def block_attention_mask(
 ) -> torch.Tensor:
     """anchors [b, A] -> bool mask [b, A*B, S + A*B] (True: may attend), see the module doc."""
     b, num_anchors = anchors.shape
-    device = anchors.device
     q_pos = block_positions(anchors, block_size)  # [b, Q]
-    ctx_pos = torch.arange(seq_len, device=device)  # [S]
-    k_pos = torch.cat([ctx_pos.expand(b, seq_len), q_pos], dim=1)  # [b, S + Q]
     by_position = visibility(
-        q_pos, k_pos, torch.ones_like(k_pos, dtype=torch.bool), causal=causal, window=window
-    )  # [b, Q, S + Q]
-
-    q_anchor = anchors.repeat_interleave(block_size, dim=1)  # [b, Q]; E.g., [1, 3] -> [1, 1, 3, 3]
-    before_anchor = ctx_pos[None, None, :] < q_anchor[:, :, None]  # [b, Q, S]
-    q_block = torch.arange(num_anchors, device=device).repeat_interleave(block_size)  # [Q]
-    same_block = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)  # [b, Q, Q]
-    return torch.cat([before_anchor, same_block], dim=2) & by_position
+        q_pos, q_pos, torch.ones_like(q_pos, dtype=torch.bool), causal=causal, window=window
+    )  # [b, Q, Q]
+    q_block = torch.arange(num_anchors, device=anchors.device).repeat_interleave(block_size)  # [Q]
+    same_block = q_block[:, None] == q_block[None, :]  # [Q, Q]
+    context = context_mask(anchors, seq_len, block_size, causal=causal, window=window)  # [b, Q, S]
+    return torch.cat([context, same_block & by_position], dim=2)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from sglang_dflash.attention import attend_with_context
 from sglang_dflash.draft_model import DFlashDraftModel
 from sglang_dflash.train import split_attention
+from sglang_dflash.train.config import TrainConfigError
 from sglang_dflash.train.data import Batch
 from sglang_dflash.train.mask import block_attention_mask
 from sglang_dflash.train.target import FrozenTarget, TargetOutput
@@ -187,12 +188,12 @@ AUTO_BLOCK_ATTENTION = {"cpu": "split", "cuda": "dense"}
 
 def resolve_block_attention(mode: str, device: torch.device) -> tuple[str, str]:
     """`--block-attention` -> (the mode used, why). "auto": split on CPU, dense on CUDA (the
-    faster of the two as measured on each); a mode the device cannot run raises ValueError."""
+    faster of the two as measured on each); a mode the device cannot run is refused."""
     if mode == "auto":
         chosen = AUTO_BLOCK_ATTENTION.get(device.type, "dense")
         return chosen, f"auto on {device.type}: the faster there (docs/training.md#block-attention)"
     if mode == "split" and (reason := split_attention.supported(device)) is not None:
-        raise ValueError(f"--block-attention split: {reason}")
+        raise TrainConfigError(f"--block-attention split: {reason}")
     return mode, "chosen by --block-attention"
 
 

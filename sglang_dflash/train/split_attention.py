@@ -37,6 +37,7 @@ from typing import Optional
 import torch
 
 from sglang_dflash.attention import visibility
+from sglang_dflash.train.mask import context_mask
 
 NULL_BIAS = -30000.0
 _ALIGN = 16  # the CUDA kernel reads the bias rows in aligned chunks: pad its last dim (as SDPA does)
@@ -59,19 +60,10 @@ def context_bias(
         q (a=0, k=0, 1)   -inf -inf -inf N
         q (a=2, k=0, 1)      0    0 -inf N      (N = NULL_BIAS)
     """
-    b, _ = anchors.shape
-    q_pos = (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).flatten(1)  # [b, Q]
-    ctx_pos = torch.arange(seq_len, device=anchors.device)
-    q_anchor = anchors.repeat_interleave(block_size, dim=1)  # [b, Q]
-    visible = (ctx_pos[None, None, :] < q_anchor[:, :, None]) & visibility(
-        q_pos,
-        ctx_pos.expand(b, seq_len),
-        torch.ones(b, seq_len, dtype=torch.bool, device=anchors.device),
-        causal=causal,
-        window=window,
-    )  # [b, Q, S]
+    visible = context_mask(anchors, seq_len, block_size, causal=causal, window=window)  # [b, Q, S]
+    b, q_len, _ = visible.shape
     width = -(-(seq_len + 1) // _ALIGN) * _ALIGN
-    bias = torch.full((b, 1, q_pos.shape[1], width), float("-inf"), dtype=dtype, device=anchors.device)
+    bias = torch.full((b, 1, q_len, width), float("-inf"), dtype=dtype, device=anchors.device)
     bias[:, 0, :, :seq_len].masked_fill_(visible, 0.0)
     bias[:, 0, :, seq_len] = NULL_BIAS
     return bias[..., : seq_len + 1]
