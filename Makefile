@@ -30,6 +30,9 @@ $(VENV)/.deps: pyproject.toml
 	touch $@
 
 install: $(VENV)/.deps
+	# setuptools copies into build/lib without removing what the tree no longer has, and pip would
+	# install those leftovers (a moved module under its old name); the compiled objects stay.
+	rm -rf build/lib.*
 	$(EXT_ENV) $(PIP) install -q --no-deps --no-build-isolation .
 	# The tests import the source tree, so the extension is also built in place (ninja reuses build/).
 	$(EXT_ENV) $(PY) setup.py -q build_ext --inplace
@@ -49,10 +52,10 @@ test: install lint
 # SGLang, FlashInfer and what they import for the GPU machine's Python (.gpu-bundle/serve), and
 # FlashInfer's kernels for sm_90a (.gpu-bundle/aot; 20-30 CPU-minutes, resumable).
 gpu-bundle: $(VENV)/.deps
-	$(PY) scripts/gpu_bundle.py --serve
+	$(PY) scripts/gpu/bundle.py --serve
 
 gpu-aot: $(VENV)/.deps
-	nice $(PY) scripts/gpu_aot.py
+	nice $(PY) scripts/gpu/aot.py
 
 # ---- On the GPU machine (Python, a CUDA PyTorch and nvcc; no SGLang, no package index): ----
 # The GPU numbers in one command of at most 9 minutes, in priority order: greedy lossless, the
@@ -60,23 +63,23 @@ gpu-aot: $(VENV)/.deps
 # .gpu-bundle/aot. STEPS and DEADLINE (seconds) override the defaults.
 GPU_PY ?= python3
 gpu-proof:
-	$(GPU_PY) -m scripts.gpu_proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
+	$(GPU_PY) -m scripts.gpu.proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
 
 # A second call: overlap off, the other acceptance length, the stand-in's kernel tests.
 SECOND_CALL := lossless-no-overlap,race-3,standin-tests
 gpu-serve-check:
-	$(GPU_PY) -m scripts.gpu_proof --steps $(or $(STEPS),$(SECOND_CALL))
+	$(GPU_PY) -m scripts.gpu.proof --steps $(or $(STEPS),$(SECOND_CALL))
 
 # The training recipe on the GPU (one command, about 6 minutes, nothing carried): throughput at a
 # Qwen3-8B shape, the tiny pair with one process and with NCCL, the block attention benchmark.
 gpu-train:
-	GPU_PY=$(GPU_PY) bash scripts/gpu_train.sh
+	GPU_PY=$(GPU_PY) bash scripts/gpu/train.sh
 
 # Our GPU components without SGLang: make gpu-check-tests, then make gpu-check-benches (each
 # fits one 10-minute command; gpu-check runs both). FlashInfer from .gpu-bundle/wheels
-# (`python scripts/gpu_bundle.py`) when the machine has none.
+# (`python scripts/gpu/bundle.py`) when the machine has none.
 gpu-check gpu-check-tests gpu-check-benches:
-	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) PART=$(or $(subst gpu-check-,,$(filter gpu-check-%,$@)),all) bash scripts/gpu_check.sh
+	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) PART=$(or $(subst gpu-check-,,$(filter gpu-check-%,$@)),all) bash scripts/gpu/check.sh
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so

@@ -7,13 +7,14 @@ Serving choices (documented for users in docs/):
   SGLANG_DFLASH_ADAPTIVE_WIDTH=0|1        fix the verify width at B, or adapt it on any device
                                           (unset: adapt on CPU only; docs/verify-width.md)
   SGLANG_DFLASH_FAIR_SLACK=x|off          how much slower a draft width may make one request's
-                                          tokens (`width_policy.FAIR_SLACK`); off: batch rate only
+                                          tokens (`width/policy.py`, `FAIR_SLACK`); off: batch
+                                          rate only
   SGLANG_DFLASH_WIDTH1_FORWARD=decode|verify
                                           how a step without draft runs the target
-                                          (`step_width.py`)
+                                          (`width/step.py`)
   SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
   SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
-                                          (`step_timer.py`, scripts/bench_step.py)
+                                          (`step_timer.py`, scripts/serving/step_phases.py)
 
 Benchmark aid, SGLang's own and honoured as its built-in DFLASH does:
 
@@ -27,7 +28,7 @@ Test aids; each switches a feature off so that a test can show it notices:
   SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER=1      PD transfer leaves the draft's K/V out
   SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE=1       HiCache leaves the draft's K/V out of its backups
   SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT=1        hybrid targets keep the linear-attention state of
-                                                the whole verify window (`linear_state.py`)
+                                                the whole verify window (`sglang/linear_state.py`)
   SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
 
 Debugging aids:
@@ -38,7 +39,7 @@ Debugging aids:
                                           as JSON lines (host sync)
 
 Read by their own modules, outside the worker: SGLANG_DFLASH_IMPL (`plugin.py`),
-SGLANG_DFLASH_SAMPLING_MEMORY_MB (`sampling.py`), SGLANG_DFLASH_OPS (`ops/`),
+SGLANG_DFLASH_SAMPLING_MEMORY_MB (`verify/sampling.py`), SGLANG_DFLASH_OPS (`ops/`),
 SGLANG_DFLASH_CPU_VERIFY_ATTENTION (`cpu/verify_attention.py`).
 """
 

@@ -1,4 +1,4 @@
-"""`StepTimer`: per-phase wall times of each decode step, for `scripts/bench_step.py`.
+"""`StepTimer`: per-phase wall times of each decode step, for `scripts/serving/step_phases.py`.
 
 Off by default, and then free: `phase()` hands back one shared no-op context manager and
 `end_step()` returns at once. Set `SGLANG_DFLASH_STEP_TIMING=<path>` to switch it on in every
@@ -11,7 +11,7 @@ scheduler process; each step then appends one JSON line to `<path>`:
 target's attention backend planned (`init_forward_metadata`, or on a CUDA-graph replay
 `init_forward_metadata_out_graph`; a plan that calls the other counts once).
 `width` is the step's verify width (decode steps; 1 = no draft) and `probe` whether the width
-policy chose it to measure it rather than as the best (`width_policy.py`). `t_start` / `t_end` are
+policy chose it to measure it rather than as the best (`width/policy.py`). `t_start` / `t_end` are
 `time.perf_counter()` seconds at the first phase's start and the last phase's end; `phases` are
 milliseconds (a phase entered twice in a step adds up); `io_ms` is the time this timer spent
 writing the *previous* record, so a reader can take it out of the gap between steps.

@@ -3,28 +3,28 @@
 One decode step, for a batch of bs requests with committed lengths `seq_lens`:
 
   1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store,
-              eager or from a CUDA graph (`draft_step.py`)
-              -> proposals at block positions 1..W-1 (`proposals.py`: the target's lm_head
+              eager or from a CUDA graph (`draft/step.py`)
+              -> proposals at block positions 1..W-1 (`propose/proposers.py`: the target's lm_head
               argmax).
   2. verify:  one target TARGET_VERIFY forward over `[bonus, d1 .. d_{W-1}]` as a causal chain.
   3. accept:  longest run of proposals equal to the target's predictions, plus its next token;
               the target's logits adjusted first as decode steps would (penalties, grammar
-              mask, logit_bias, custom logit processors: `verifier.py`), and logprobs taken from
+              mask, logit_bias, custom logit processors: `verify/verifier.py`), and logprobs taken from
               them for requests that ask.
   4. commit:  `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler.
   5. inject:  the committed tokens' target features -> context K/V in the draft KV store.
 
-Grammar-constrained requests (`grammar.py`) get a mask for every verify row, and with
+Grammar-constrained requests (`propose/grammar.py`) get a mask for every verify row, and with
 grammar-aware proposals (on by default, `SGLANG_DFLASH_GRAMMAR_PROPOSALS=0` turns them off)
 the draft proposes only tokens their grammar allows.
 
 Prefill and extend chunks run the target forward and inject every new token (step 5).
 Bd is the checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the
-widest verify, and W (`step_width.py`) this step's: the draft always runs its full trained
+widest verify, and W (`width/step.py`) this step's: the draft always runs its full trained
 block, and only W tokens are verified.
 
 The draft side (checkpoint, network, store, attention, draft step, verifier) is built by
-`DraftRuntime` (`draft_runtime.py`), in the two phases of SGLang's hooks; the environment's
+`DraftRuntime` (`runtime.py`), in the two phases of SGLang's hooks; the environment's
 knobs are read once (`knobs.py`). See docs/architecture.md ("How it works").
 """
 
@@ -44,25 +44,26 @@ from sglang.srt.runtime_context import get_disagg, get_exec, get_memory, get_mod
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker, HiCacheDraftMode, HiCacheDraftPlan
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-from sglang_dflash import IMPL_NAME, __version__, hidden_states
-from sglang_dflash.attention import planning_lens
-from sglang_dflash.block import extend_positions, gather_slots
-from sglang_dflash.config import resolve_checkpoint_dir
-from sglang_dflash.draft_context import DraftContextCheck
-from sglang_dflash.draft_pool import DraftKVPool
-from sglang_dflash.draft_runtime import DraftRuntime
-from sglang_dflash.grammar import GrammarWindow
+from sglang_dflash import IMPL_NAME, __version__
+from sglang_dflash.checkpoint.config import resolve_checkpoint_dir
+from sglang_dflash.draft.attention import planning_lens
+from sglang_dflash.draft.block import extend_positions, gather_slots
+from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.knobs import Knobs
-from sglang_dflash.linear_state import LinearStateCommit
-from sglang_dflash.metrics import DFlashMetrics
-from sglang_dflash.proposals import ProposalInputs, Proposals
-from sglang_dflash.sampling_mask import sampling_mask_output
-from sglang_dflash.server_args import draft_load_format
+from sglang_dflash.propose.grammar import GrammarWindow
+from sglang_dflash.propose.proposers import ProposalInputs, Proposals
+from sglang_dflash.runtime import DraftRuntime
+from sglang_dflash.sglang import hidden_states
+from sglang_dflash.sglang.draft_context import DraftContextCheck
+from sglang_dflash.sglang.draft_pool import DraftKVPool
+from sglang_dflash.sglang.linear_state import LinearStateCommit
+from sglang_dflash.sglang.metrics import DFlashMetrics
+from sglang_dflash.sglang.server_args import draft_load_format
+from sglang_dflash.sglang.target_forward import decode_forward, verify_forward
 from sglang_dflash.step_timer import StepTimer
-from sglang_dflash.step_width import StepWidth
-from sglang_dflash.target_forward import decode_forward, verify_forward
-from sglang_dflash.tensor_parallel import TensorParallel, check_ranks_agree
-from sglang_dflash.verify import simulated_acceptance
+from sglang_dflash.verify.acceptance import simulated_acceptance
+from sglang_dflash.verify.sampling_mask import sampling_mask_output
+from sglang_dflash.width.step import StepWidth
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ logger = logging.getLogger(__name__)
 def _draft_tensor_parallel(parallel) -> TensorParallel:
     """This rank's shard of the draft: SGLang's whole TP group. With DP attention or context
     parallelism the target's attention runs on a smaller group; both are refused at start-up
-    (`server_args.py`), and this says so if a server got here another way."""
+    (`sglang/server_args.py`), and this says so if a server got here another way."""
     if parallel.attn_tp_size != parallel.tp_size:
         raise ValueError(
             f"sglang-dflash shards the draft over the whole TP group (tp_size {parallel.tp_size}); "
@@ -369,7 +370,7 @@ class DFlashWorker(BaseSpecWorker):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draft forward over the full trained block -> the block's first W ids [bs, W]
         (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
-        window positions 0..W-1 [bs, W, H] (read out into the proposals: `proposals.py`)."""
+        window positions 0..W-1 [bs, W, H] (read out into the proposals: `propose/proposers.py`)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         # [bs, Bd] x2, [bs, Bd, H]; `hidden` may be a graph's static output, which the target's
         # verify graph may overwrite (a shared pool): it is read before the verify.

@@ -183,7 +183,7 @@ class Server:
         import subprocess
         import sys
 
-        from scripts.benchlib.server import free_port
+        from scripts.serving.lib.server import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,5 +1,5 @@
 """A Python that sees what the GPU machine would after the serving kit: this environment's
-packages except those neither on that machine (scripts/gpu_bundle.py GPU_MACHINE_HAS) nor in the
+packages except those neither on that machine (scripts/gpu/bundle.py GPU_MACHINE_HAS) nor in the
 serve bundle. Subprocesses run in it import the way SGLang would import there."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pathlib
 import subprocess
 import sys
 
-from scripts import gpu_bundle
+from scripts.gpu import bundle as gpu_bundle
 
-STANDIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu_serve" / "standin"
+STANDIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "serve" / "standin"
 
 
 def python(root: pathlib.Path) -> str:

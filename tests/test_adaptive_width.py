@@ -1,4 +1,4 @@
-"""The load-adaptive verify width in a running engine (`sglang_dflash/width_policy.py`).
+"""The load-adaptive verify width in a running engine (`sglang_dflash/width/policy.py`).
 
 Each engine writes its step records (`SGLANG_DFLASH_STEP_TIMING`), which carry the chosen
 width, whether it was a probe, and the phases that ran; the first WARMUP decode steps (the

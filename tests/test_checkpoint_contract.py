@@ -1,4 +1,4 @@
-"""The checkpoint contract (`checkpoint_contract.py`): every config key and tensor of a draft
+"""The checkpoint contract (`checkpoint/contract.py`): every config key and tensor of a draft
 checkpoint is served or refused by name, with its family and the way out.
 
 The cases are the draft families and options SGLang's built-in DFLASH serves (see
@@ -13,9 +13,9 @@ import re
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.mask_token import load_mask_embedding
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.checkpoint.mask_token import load_mask_embedding
+from sglang_dflash.draft.model import DFlashDraftModel
 from tests.tiny_models import draft_config_dict
 
 WAY_OUT = "SGLANG_DFLASH_IMPL=builtin"
@@ -164,7 +164,7 @@ def test_captured_layer_ids_follow_sglangs_muse_mapping(target_type, architectur
         _map_muse_target_layer_ids,
     )
 
-    from sglang_dflash.target_features import captured_layer_ids
+    from sglang_dflash.draft.target_features import captured_layer_ids
 
     ids = [1, 5, 9]
     want = _map_muse_target_layer_ids(

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig, build_target_layer_ids
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, build_target_layer_ids
 from tests import engines
 from tests.tiny_models import draft_config_dict
 
@@ -74,7 +74,7 @@ def _mask_config(**dflash) -> DFlashDraftConfig:
 
 def test_the_mask_token_id_is_resolved_from_the_tokenizer_as_sglang_does(tokenizer):
     """SGLang's built-in (speculative/dflash_worker_v2.py, _resolve_mask_token_id)."""
-    from sglang_dflash.mask_token import resolve_mask_token_id
+    from sglang_dflash.checkpoint.mask_token import resolve_mask_token_id
 
     vocab = tokenizer.get_vocab()
     # No mask_token_id, no mask_token: the default "<|MASK|>" is the tokenizer's mask token.

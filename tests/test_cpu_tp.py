@@ -1,6 +1,6 @@
 """Tensor parallelism on SGLang's CPU engine. With PyNccl kept off CPU process groups
 (`cpu/bootstrap.py`), a TP=2 engine serves the TP=1 engine's greedy tokens. DFLASH at TP=2,
-with the draft sharded like the target (`tensor_parallel.py`), serves the TP=2 plain engine's
+with the draft sharded like the target (`draft/tensor_parallel.py`), serves the TP=2 plain engine's
 greedy tokens, and verifies the same proposals as DFLASH at TP=1: sharding changed nothing but
 placement. SGLang's strict idle checker runs in every rank's scheduler, so a leaked KV or
 request slot on any rank crashes the engine."""

@@ -117,7 +117,10 @@ def broken_links(files, root=ROOT):
             "hybrid-linear-attention-targets-qwen3-next-qwen35-qwen36",
         ),
         ("Sampling (temperature > 0)", "sampling-temperature--0"),
-        ("Fused kernels (`sglang_dflash/fused_forward.py`)", "fused-kernels-sglang_dflashfused_forwardpy"),
+        (
+            "Fused kernels (`sglang_dflash/draft/fused_forward.py`)",
+            "fused-kernels-sglang_dflashdraftfused_forwardpy",
+        ),
         ("  Überblick: Größe  ", "überblick-größe"),
     ],
 )

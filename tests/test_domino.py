@@ -1,4 +1,4 @@
-"""Domino's projector (`domino.py`, `proposals.DominoProposer`).
+"""Domino's projector (`propose/domino.py`, `propose/proposers.py`, `DominoProposer`).
 
 * One decode step's proposals equal SGLang 0.5.23's own `domino_greedy_rollout`, run on CPU with
   the same weights and hidden states: the full vocabulary and a candidate pool, with and without
@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
-from sglang_dflash.domino import PrefixGRU, embed_projector
-from sglang_dflash.proposals import DominoProposer, ProposalInputs, proposer_for
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.propose.domino import PrefixGRU, embed_projector
+from sglang_dflash.propose.proposers import DominoProposer, ProposalInputs, proposer_for
 from tests.tiny_models import add_domino, draft_config_dict, make_draft
 
 H, G, E, V, B, BS = 32, 16, 24, 200, 7, 4
@@ -144,7 +144,7 @@ def test_the_config_reads_as_sglang_reads_it(where):
 def test_a_domino_checkpoint_loads_its_projector(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from sglang_dflash.draft_model import DFlashDraftModel
+    from sglang_dflash.draft.model import DFlashDraftModel
 
     path = add_domino(make_draft(str(tmp_path / "draft")), shift_label=True)
     config = DFlashDraftConfig.from_pretrained(path).with_target_vocab(draft_config_dict()["vocab_size"])

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from sglang_dflash import ops
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel
 from tests.tiny_models import make_draft
 
 reference = pytest.importorskip(
@@ -284,9 +284,9 @@ def test_start_up_warm_up_writes_only_the_sink_slot(checkpoints, name):
     the LM head) before serving; it must leave every committed slot as it was."""
     from types import SimpleNamespace
 
-    from sglang_dflash.draft_runtime import DraftRuntime
-    from sglang_dflash.draft_step import DraftStep
-    from sglang_dflash.proposals import ArgmaxProposer
+    from sglang_dflash.draft.step import DraftStep
+    from sglang_dflash.propose.proposers import ArgmaxProposer
+    from sglang_dflash.runtime import DraftRuntime
 
     model = _load_ours(checkpoints[name])
     config = model.config

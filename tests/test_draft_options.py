@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from sglang_dflash import ops
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel, RMSNorm
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel, RMSNorm
 from tests.tiny_models import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's layers
@@ -247,7 +247,7 @@ def test_rope_dim_supersedes_partial_rotary_factor_and_other_rope_types_are_refu
 def test_attention_sinks_add_a_valueless_term_to_each_heads_softmax():
     """`attend_with_context` with sinks against the softmax written out by hand:
     out_h = sum_j e^{s_hj} v_j / (sum_j e^{s_hj} + e^{sink_h}), over the visible keys only."""
-    from sglang_dflash.attention import attend_with_context
+    from sglang_dflash.draft.attention import attend_with_context
 
     gen = torch.Generator().manual_seed(3)
     b, q_len, c, heads, kv_heads, d = 2, 3, 5, 4, 2, 8
@@ -285,9 +285,9 @@ def test_the_value_scale_applies_to_the_context_and_the_block():
 def test_sinks_take_sdpa_and_are_loaded_per_head(tmp_path):
     """The sink tensors load into each layer (sharded by head under TP), and FlashInfer's draft
     attention, which has no sink term here, is refused for them by name."""
-    from sglang_dflash import flashinfer_attention
-    from sglang_dflash.draft_model import shard_checkpoint_tensor
-    from sglang_dflash.tensor_parallel import TensorParallel
+    from sglang_dflash.draft import flashinfer_attention
+    from sglang_dflash.draft.model import shard_checkpoint_tensor
+    from sglang_dflash.draft.tensor_parallel import TensorParallel
 
     raw = _raw({"dflash_config": {**_raw({})["dflash_config"], "attention_sink_bias": True}})
     model = _model(raw)

@@ -1,4 +1,4 @@
-"""The draft step (`draft_step.py`): its bucket, padding and fallback decisions (pure, CPU), the
+"""The draft step (`draft/step.py`): its bucket, padding and fallback decisions (pure, CPU), the
 graph path's data flow against the eager step (CPU, with a stand-in graph that re-runs the
 captured function into the captured outputs, as a CUDA graph replays its kernels into them),
 and real CUDA graphs against the eager step (GPU).
@@ -15,10 +15,10 @@ import contextlib
 import pytest
 import torch
 
-from sglang_dflash import draft_step
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.draft_step import DraftStep
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.draft import step as draft_step
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.step import DraftStep
 from tests.test_ops import make_model
 
 BLOCK = 16
@@ -78,7 +78,7 @@ def test_why_a_step_runs_eagerly():
 
 
 def test_kv_indices_capacity():
-    from sglang_dflash.flashinfer_attention import kv_indices_capacity
+    from sglang_dflash.draft.flashinfer_attention import kv_indices_capacity
 
     assert kv_indices_capacity(4, 1000, 16) == 4 * 1016
     assert kv_indices_capacity(4, 1000, 16, context_window=256) == 4 * 272
@@ -305,7 +305,7 @@ gpu = pytest.mark.gpu
 
 
 def flashinfer_step(s: Setup, sizes, max_bs=8):
-    from sglang_dflash import flashinfer_attention as fia
+    from sglang_dflash.draft import flashinfer_attention as fia
 
     config = s.model.config
     store = DraftKVStore(
@@ -375,7 +375,7 @@ def assert_same_proposals(got, want, base_tol):
 
 class ScratchWritingSdpa(SdpaDraftAttention):
     """SDPA that first writes the block's K/V into the store, at rows past the target's, as
-    FlashInfer's draft attention does (`flashinfer_attention.py`: `k_cache[rows] = k`)."""
+    FlashInfer's draft attention does (`draft/flashinfer_attention.py`: `k_cache[rows] = k`)."""
 
     def __call__(self, layer_id, q, k, v):
         rows = slice(self.store.num_slots - k.shape[0], self.store.num_slots)
@@ -386,13 +386,13 @@ class ScratchWritingSdpa(SdpaDraftAttention):
 
 @pytest.mark.parametrize("served", [True, False])
 def test_the_benchmark_keeps_no_autograd_history_across_steps(served):
-    """scripts/bench_draft_step.py runs the eager module path with its own embedding. As served
+    """scripts/bench/draft_step.py runs the eager module path with its own embedding. As served
     (a frozen embedding, no autograd) the store stays a plain tensor. The negative control is
     the benchmark before its fix: a grad-requiring embedding and autograd on chain every step's
     graph to the store through the block's K/V write, keeping every step's activations alive."""
     import contextlib
 
-    from scripts import bench_draft_step
+    from scripts.bench import draft_step as bench_draft_step
 
     s = Setup()
     head = bench_draft_step.Head(VOCAB, s.model.config.hidden_size, device="cpu", dtype=torch.float32)
@@ -415,7 +415,7 @@ def test_the_benchmark_keeps_no_autograd_history_across_steps(served):
 @gpu
 @pytest.mark.parametrize("forward", ["module", "fused"])
 def test_cuda_graphs_equal_the_eager_step(forward):
-    from sglang_dflash.fused_forward import FusedDraftForward
+    from sglang_dflash.draft.fused_forward import FusedDraftForward
 
     s = Setup(device="cuda", dtype=torch.bfloat16, shape="small-hd128")
     if forward == "fused":

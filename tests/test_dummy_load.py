@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.draft.model import DFlashDraftModel
 from tests import engines
 
 pytestmark = pytest.mark.sglang

@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 
-from sglang_dflash import flashinfer_attention as fia
-from sglang_dflash.attention import SdpaDraftAttention, planning_lens, visibility
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft import flashinfer_attention as fia
+from sglang_dflash.draft.attention import SdpaDraftAttention, planning_lens, visibility
+from sglang_dflash.draft.kv_store import DraftKVStore
 
 BLOCK = 16
 
@@ -182,7 +182,7 @@ def test_unavailable_on_cpu():
 
 
 def test_importing_the_module_does_not_import_flashinfer():
-    code = "import sys, sglang_dflash.flashinfer_attention; assert 'flashinfer' not in sys.modules"
+    code = "import sys, sglang_dflash.draft.flashinfer_attention; assert 'flashinfer' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,4 +1,4 @@
-"""The fused draft forward (`fused_forward.py`) against the module's own maths.
+"""The fused draft forward (`draft/fused_forward.py`) against the module's own maths.
 
 CPU: the fused data flow (stacked projections, the residual carried through add + norm, the RoPE
 cache, strided q/k/v views) with `TorchKernels`, the kernels' contract in PyTorch, against
@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_dflash import fused_forward
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.fused_forward import FusedDraftForward, TorchKernels, rope_cache
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.draft import fused_forward
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.fused_forward import FusedDraftForward, TorchKernels, rope_cache
+from sglang_dflash.draft.kv_store import DraftKVStore
 from tests.test_ops import make_model
 
 BLOCK = 16

@@ -1,4 +1,4 @@
-"""FlashInfer's precompiled modules for the GPU run (scripts/gpu_aot.py, `make gpu-aot`): the
+"""FlashInfer's precompiled modules for the GPU run (scripts/gpu/aot.py, `make gpu-aot`): the
 modules the run's engines and draft step will ask for, derived from FlashInfer's own generator
 functions with the real shapes and the serving path's own decisions, must all be built and
 carried; a missing one would JIT-compile on the device for minutes."""
@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from scripts import gpu_aot
+from scripts.gpu import aot as gpu_aot
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 AOT = ROOT / ".gpu-bundle" / "aot"
@@ -43,7 +43,7 @@ def test_a_gqa_under_4_target_asks_for_the_cuda_core_decode_module():
     """SGLang decodes a GQA group under 4 with FlashInfer's CUDA-core kernels, a module of its
     own: the tiny lossless target has 8 query heads on 2 KV heads to use the tensor-core one, as
     Qwen3-8B does. With 4 on 2 (the kit's earlier tiny model), this module would be requested."""
-    from scripts.gpu_serve import models
+    from scripts.gpu.serve import models
 
     config = dict(models.tiny_target_config(), num_attention_heads=4)
     uris = gpu_aot.target_modules(config, "bfloat16")
@@ -53,7 +53,7 @@ def test_a_gqa_under_4_target_asks_for_the_cuda_core_decode_module():
 
 
 def test_a_sliding_window_draft_asks_for_its_own_attention_module():
-    from scripts.gpu_serve import models
+    from scripts.gpu.serve import models
 
     draft = models.qwen3_8b_dflash()
     draft.update(sliding_window=512, layer_types=["sliding_attention"] + ["full_attention"] * 4)
@@ -89,7 +89,7 @@ from flashinfer.jit import core
 core.current_compilation_context.TARGET_CUDA_ARCHS = {{(9, "0a")}}
 from flashinfer.jit import env
 env.FLASHINFER_AOT_DIR = __import__("pathlib").Path({str(tmp_path)!r})
-from scripts import gpu_aot
+from scripts.gpu import aot as gpu_aot
 for uri, make in gpu_aot.MODULES.items():
     spec = make()
     assert spec.is_aot, uri

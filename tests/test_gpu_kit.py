@@ -1,6 +1,6 @@
-"""The GPU kits, checked here on CPU: `make gpu-check` (scripts/gpu_check.sh) needs only PyTorch
-and FlashInfer there; `make gpu-proof` (scripts/gpu_proof.py) brings SGLang in one
-archive (scripts/gpu_bundle.py --serve) that must hold everything SGLang imports that the GPU
+"""The GPU kits, checked here on CPU: `make gpu-check` (scripts/gpu/check.sh) needs only PyTorch
+and FlashInfer there; `make gpu-proof` (scripts/gpu/proof.py) brings SGLang in one
+archive (scripts/gpu/bundle.py --serve) that must hold everything SGLang imports that the GPU
 machine lacks, and must fit one device call with the checkout."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from scripts import gpu_bundle
+from scripts.gpu import bundle as gpu_bundle
 from tests import gpu_machine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,30 +38,28 @@ def gpu_test_files() -> list[str]:
 
 
 def test_the_checks_run_every_gpu_test_file_once():
-    """make gpu-check runs the GPU tests that need no SGLang; the serving check (gpu_proof.py's
+    """make gpu-check runs the GPU tests that need no SGLang; the serving check (scripts/gpu/proof.py's
     standin-tests) the sgl_kernel stand-in's, whose kernels SGLang's path loads anyway."""
-    from scripts import gpu_proof
+    from scripts.gpu import proof as gpu_proof
 
-    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    script = (ROOT / "scripts" / "gpu" / "check.sh").read_text()
     listed = re.search(r'^GPU_TESTS="([^"]*)"', script, re.M).group(1).split()
     assert not set(listed) & set(gpu_proof.STANDIN_TESTS)
     assert sorted(listed + list(gpu_proof.STANDIN_TESTS)) == gpu_test_files()
 
 
+# The folders that run on the GPU machine without SGLang (docs/architecture.md): every module in them.
+GPU_SIDE_FOLDERS = ("checkpoint", "verify", "propose", "draft", "ops", "width")
+
+
 def test_gpu_modules_and_gpu_tests_import_without_sglang_or_flashinfer():
     modules = [
-        "sglang_dflash.attention",
-        "sglang_dflash.draft_model",
-        "sglang_dflash.draft_step",
-        "sglang_dflash.flashinfer_attention",
-        "sglang_dflash.fused_forward",
-        "sglang_dflash.kv_store",
-        "sglang_dflash.ops",
-        "sglang_dflash.sampling",
-        "sglang_dflash.penalties",
-        "tests.conftest",
-        *(name.replace("/", ".").removesuffix(".py") for name in gpu_test_files()),
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for folder in GPU_SIDE_FOLDERS
+        for path in sorted((ROOT / "sglang_dflash" / folder).rglob("*.py"))
     ]
+    assert "sglang_dflash.draft.flashinfer_attention" in modules and len(modules) > 30
+    modules += ["tests.conftest", *(name.replace("/", ".").removesuffix(".py") for name in gpu_test_files())]
     code = BLOCKER + "".join(f"import {m}\n" for m in modules)
     code += "assert not {'sglang', 'flashinfer'} & set(sys.modules)\n"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -164,11 +162,11 @@ def test_sglangs_serving_modules_import_with_what_the_gpu_machine_has_and_the_bu
 def _bundle(
     tmp_path: pathlib.Path, python_version: str = "{}.{}".format(*sys.version_info[:2])
 ) -> pathlib.Path:
-    """A serve bundle as scripts/gpu_bundle.py lays it out, holding one module."""
+    """A serve bundle as scripts/gpu/bundle.py lays it out, holding one module."""
     import json
     import tarfile
 
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "kit_probe.py").write_text("VALUE = 7\n")
@@ -184,7 +182,7 @@ def _bundle(
 
 
 def test_the_bundle_unpacks_once_and_is_checked_against_its_manifest(tmp_path):
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     bundle = _bundle(tmp_path)
     site = unpack.unpack(str(bundle), str(tmp_path / "state"))
@@ -199,18 +197,18 @@ def test_the_bundle_unpacks_once_and_is_checked_against_its_manifest(tmp_path):
 
 
 def test_a_bundle_for_another_python_is_refused(tmp_path):
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     with pytest.raises(SystemExit, match="bundle is for Python 3.99"):
         unpack.unpack(str(_bundle(tmp_path, "3.99")), str(tmp_path / "state"))
 
 
 def _aot(tmp_path: pathlib.Path, version: str = "0.7.2") -> pathlib.Path:
-    """An AOT folder as scripts/gpu_aot.py lays it out, holding one module."""
+    """An AOT folder as scripts/gpu/aot.py lays it out, holding one module."""
     import json
     import tarfile
 
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     (tmp_path / "staged" / "norm").mkdir(parents=True)
     (tmp_path / "staged" / "norm" / "norm.so").write_bytes(b"\x7fELF")
@@ -232,7 +230,7 @@ def _site(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_the_aot_modules_land_where_flashinfer_loads_them_without_compiling(tmp_path):
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     site = _site(tmp_path)
     assert unpack.install_aot(str(_aot(tmp_path)), str(site)) == ["norm"]
@@ -240,7 +238,7 @@ def test_the_aot_modules_land_where_flashinfer_loads_them_without_compiling(tmp_
 
 
 def test_aot_modules_of_another_flashinfer_or_a_tampered_archive_are_refused(tmp_path):
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     site = _site(tmp_path)
     with pytest.raises(SystemExit, match="FlashInfer 0.6.0 modules"):
@@ -266,13 +264,13 @@ def test_the_built_aot_archive_fits_one_call_with_the_serve_bundle_and_the_check
 
 
 def test_the_built_serve_bundle_fits_one_call_with_the_checkout():
-    """Checks the bundle `python scripts/gpu_bundle.py --serve` left here, if any (building it
+    """Checks the bundle `python scripts/gpu/bundle.py --serve` left here, if any (building it
     downloads ~110 MiB, so the suite does not)."""
     import json
 
     manifest = ROOT / ".gpu-bundle" / "serve" / "manifest.json"
     if not manifest.is_file():
-        pytest.skip("no serve bundle built here (python scripts/gpu_bundle.py --serve)")
+        pytest.skip("no serve bundle built here (python scripts/gpu/bundle.py --serve)")
     data = json.loads(manifest.read_text())
     archive = manifest.parent / data["archive"]["file"]
     assert archive.stat().st_size == data["archive"]["bytes"]
@@ -289,7 +287,7 @@ def test_the_checkout_is_registered_for_sglangs_plugin_discovery(tmp_path):
     """On the GPU machine the package is imported from the checkout (PYTHONPATH), which carries no
     metadata: without the dist-info the kit writes, SGLang would not find the plugin and would
     serve DFLASH with its built-in worker."""
-    from scripts.gpu_serve import unpack
+    from scripts.gpu.serve import unpack
 
     view = gpu_machine.python(tmp_path / "view")
     code = "from importlib.metadata import entry_points\n"
@@ -309,7 +307,7 @@ def test_the_checkout_is_registered_for_sglangs_plugin_discovery(tmp_path):
 
 
 def test_the_report_reads_start_up_phases_from_server_logs():
-    from scripts.gpu_serve import report
+    from scripts.gpu.serve import report
 
     log = """[2026-11-25 12:00:00] server_args=ServerArgs(...)
 [2026-11-25 12:00:40 TP0] Capture decode cuda graph end. bs=[1, 2, 4], elapsed=33.10 s, mem usage=0.40 GB.

@@ -1,4 +1,4 @@
-"""The one-command GPU run (scripts/gpu_proof.py, `make gpu-proof`), checked on CPU: its deadline
+"""The one-command GPU run (scripts/gpu/proof.py, `make gpu-proof`), checked on CPU: its deadline
 and skip logic, its outputs after every step, the lossless verdict, and a rehearsal of the same
 step list on SGLang's CPU engine, so that a broken script is found here and not on the GPU."""
 
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from scripts import gpu_proof
-from scripts.gpu_serve import lossless
+from scripts.gpu import proof as gpu_proof
+from scripts.gpu.serve import lossless
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_the_gpu_run_rehearses_on_cpu(tmp_path):
     CPU engine: the shipped trained pair for lossless, the tiny pair for the race; the pieces
     that need CUDA are skipped and say why."""
     out, state = tmp_path / "out", tmp_path / "state"
-    cmd = [sys.executable, "-m", "scripts.gpu_proof", "--device", "cpu", "--out", str(out)]
+    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
     cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "400"]
     cmd += ["--lossless-pairs", "trained", "--race-concurrency", "1", "--race-seconds", "2"]
     env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")

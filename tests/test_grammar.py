@@ -1,4 +1,4 @@
-"""The verify-window grammar walk (`sglang_dflash/grammar.py`) against oracles, for every grammar
+"""The verify-window grammar walk (`sglang_dflash/propose/grammar.py`) against oracles, for every grammar
 backend SGLang has: each mask row equals the mask of a fresh matcher fed the same tokens, the
 matcher ends where it started, the masks equal SGLang's own speculative walk
 (`spec_utils.build_grammar_vocab_mask`), and grammar-aware proposals are the masked argmax of the
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_dflash.grammar import DRAFT_TOP_K, GrammarWindow, allows, walk_window
+from sglang_dflash.propose.grammar import DRAFT_TOP_K, GrammarWindow, allows, walk_window
 from tests.tiny_models import EOS_ID
 
 VOCAB = 384

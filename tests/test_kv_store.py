@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
-from sglang_dflash.tensor_parallel import TensorParallel
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
+from sglang_dflash.draft.tensor_parallel import TensorParallel
 from tests.tiny_models import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's resolution and budget functions
@@ -134,7 +134,7 @@ def test_the_pool_sglang_reads_is_the_stores_memory(monkeypatch, dtype, page_siz
     is the store's K/V at that slot. Scratch rows past the target's range are not in it."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_dflash.draft_pool import DraftKVPool
+    from sglang_dflash.sglang.draft_pool import DraftKVPool
 
     monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")  # the pool stays slot-major regardless
     size, layers, kv_heads, head_dim, scratch = 32, 3, 2, 16, 24
@@ -178,7 +178,7 @@ def test_the_pool_sglang_reads_is_the_stores_memory(monkeypatch, dtype, page_siz
 def test_a_store_smaller_than_the_target_pool_is_refused():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_dflash.draft_pool import DraftKVPool
+    from sglang_dflash.sglang.draft_pool import DraftKVPool
 
     target = MHATokenToKVPool(
         size=32, page_size=1, dtype=torch.float32, head_num=2, head_dim=16, layer_num=1, device="cpu",

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dflash.config import CheckpointError, DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.draft.model import DFlashDraftModel
 from tests.tiny_models import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's modules
@@ -206,7 +206,7 @@ def test_cuda_takes_the_module_path_for_what_the_fused_kernels_do_not_compute(ga
     """The fused draft forward computes no gate and the fused context-K/V op no slice norms: on
     CUDA each is refused by name at start-up (the module path runs instead); an ungated Laguna
     draft keeps the fused forward, whose block maths are then the plain ones."""
-    from sglang_dflash import fused_forward
+    from sglang_dflash.draft import fused_forward
     from sglang_dflash.ops import reference
 
     model = _model(DFlashDraftConfig.from_dict(_raw(gating=gating)))

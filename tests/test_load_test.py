@@ -1,4 +1,4 @@
-"""scripts/load_test.py: its statistics against hand-computed oracles, its reports, and a short
+"""scripts/serving/load_test.py: its statistics against hand-computed oracles, its reports, and a short
 run against a CPU DFLASH server whose JSON, CSV and PNG outputs must be complete and consistent."""
 
 import asyncio
@@ -10,8 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from scripts import load_test
-from scripts.benchlib import client, prompts, report, runner, server, stats
+from scripts.serving import load_test
+from scripts.serving.lib import client, prompts, report, runner, server, stats
 
 # ------------------------------------------------------------------------------ statistics
 
@@ -371,7 +371,7 @@ def _check_level(level: dict, width: int) -> None:
     assert sum(acc["accept_length_histogram"].values()) == acc["verify_steps"]
     assert 1.0 <= acc["accept_length_mean"] <= width
     server_side = level["server_acceptance"]
-    if server_side:  # the worker exports sglang:dflash_* (see sglang_dflash/metrics.py)
+    if server_side:  # the worker exports sglang:dflash_* (see sglang_dflash/sglang/metrics.py)
         assert server_side["verify_steps"] == acc["verify_steps"]
         assert server_side["accept_length_histogram"] == acc["accept_length_histogram"]
 
@@ -446,7 +446,7 @@ def test_compare_mode_end_to_end(tiny, tmp_path):
 
 
 def test_soak_traffic_mixes_every_kind_of_request():
-    from scripts import soak
+    from scripts.serving import soak
 
     maker = soak.ScenarioMaker(seed=0, vocab=384)
     scenarios = [maker.make() for _ in range(2000)]

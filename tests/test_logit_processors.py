@@ -1,4 +1,4 @@
-"""Custom logit processors over the verify window (`sglang_dflash/logit_processors.py`): the
+"""Custom logit processors over the verify window (`sglang_dflash/verify/logit_processors.py`): the
 per-row history, the committed-token bookkeeping, and the application to verify rows against
 SGLang's own `apply_custom_logit_processor` (the oracle for processors that read no history)."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_dflash.logit_processors import (
+from sglang_dflash.verify.logit_processors import (
     ProcessorHistory,
     apply_over_window,
     deserialize_error,

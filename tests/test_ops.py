@@ -28,9 +28,9 @@ import pytest
 import torch
 
 from sglang_dflash import ops
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.ops import _cuda, reference
 
 REF_EPS = {torch.bfloat16: 2**-6, torch.float16: 2**-9, torch.float32: 1e-5}
@@ -47,7 +47,7 @@ SHAPES = {
     "qwen3-8b": (4096, 5, 5, 32, 8, 128),
     "small": (256, 3, 2, 4, 2, 64),
     # The GPU tests' small draft: head_dim 128, so FlashInfer's attention module is the one the
-    # real drafts (and the GPU run's precompiled kernels, scripts/gpu_aot.py) use.
+    # real drafts (and the GPU run's precompiled kernels, scripts/gpu/aot.py) use.
     "small-hd128": (512, 3, 2, 4, 2, 128),
 }
 

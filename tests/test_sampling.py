@@ -1,4 +1,4 @@
-"""`sglang_dflash.sampling` against oracles: plain per-row code, SGLang's own sampler functions
+"""`sglang_dflash.verify.sampling` against oracles: plain per-row code, SGLang's own sampler functions
 and penalizers, the Triton murmur kernel, and analytic distributions.
 
 Statistical tests. Each draws N independent trials of one or two verify steps over a bigram
@@ -24,9 +24,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dflash import penalties, sampling
-from sglang_dflash.penalties import PenaltyParams, commit_output_counts, penalize_block_logits
-from sglang_dflash.sampling import (
+from sglang_dflash.verify import penalties, sampling
+from sglang_dflash.verify.acceptance import greedy_verify
+from sglang_dflash.verify.penalties import PenaltyParams, commit_output_counts, penalize_block_logits
+from sglang_dflash.verify.sampling import (
     MEMORY_ENV,
     TOP_K_ALL,
     SamplingRows,
@@ -36,7 +37,6 @@ from sglang_dflash.sampling import (
     sample_target_tokens,
     sampled_verify,
 )
-from sglang_dflash.verify import greedy_verify
 
 ALPHA = 1e-6
 N_TRIALS = 40_000

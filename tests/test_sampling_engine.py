@@ -115,7 +115,7 @@ def dflash2(tiny):
     """A DFlash2 draft on a target that favours one token (its candidates often hold the
     target's likely tokens), flattened (`output_multiplier`) so that q is far from p: sampled
     requests walk its selector at their temperature, the verify accepts with the walk's q
-    (`q_verify.py`), and a wrong q shows in the output."""
+    (`verify/q_sampling.py`), and a wrong q shows in the output."""
     from tests.test_target_shapes import _target
 
     target = _target(tiny, "llama")

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dflash import sampling_mask
-from sglang_dflash.sampling import SamplingRows
+from sglang_dflash.verify import sampling_mask
+from sglang_dflash.verify.sampling import SamplingRows
 
 pytestmark = pytest.mark.sglang  # imports SGLang's sampler
 

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_dflash.proposals import ProposalInputs, SelectorProposer
-from sglang_dflash.q_verify import DraftQ, q_sampled_verify
-from sglang_dflash.sampling import TOP_K_ALL, SamplingRows
-from sglang_dflash.selector import CandidateSelector, unary_logits, walk
-from sglang_dflash.tensor_parallel import vocab_parallel_topk
-from sglang_dflash.verify import greedy_verify
+from sglang_dflash.draft.tensor_parallel import vocab_parallel_topk
+from sglang_dflash.propose.proposers import ProposalInputs, SelectorProposer
+from sglang_dflash.propose.selector import CandidateSelector, unary_logits, walk
+from sglang_dflash.verify.acceptance import greedy_verify
+from sglang_dflash.verify.q_sampling import DraftQ, q_sampled_verify
+from sglang_dflash.verify.sampling import TOP_K_ALL, SamplingRows
 from tests.stats import ALPHA
 from tests.test_tensor_parallel import ThreadGroup
 
@@ -273,9 +273,9 @@ def test_greedy_rows_are_greedy_verify_and_seeded_rows_reproduce():
 def test_a_dflash2_checkpoint_loads_its_selector_and_gets_its_proposer(tmp_path):
     from safetensors.torch import load_file
 
-    from sglang_dflash.config import DFlashDraftConfig
-    from sglang_dflash.draft_model import DFlashDraftModel
-    from sglang_dflash.proposals import proposer_for
+    from sglang_dflash.checkpoint.config import DFlashDraftConfig
+    from sglang_dflash.draft.model import DFlashDraftModel
+    from sglang_dflash.propose.proposers import proposer_for
     from tests.tiny_models import add_selector, make_draft
 
     path = add_selector(make_draft(str(tmp_path / "draft")), architecture="DFlash2BeamDraftModel")

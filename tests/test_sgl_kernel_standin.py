@@ -1,5 +1,5 @@
 """The GPU serving kit's labelled stand-in for sgl_kernel and its import-time adjustments
-(scripts/gpu_serve/standin/). On CPU: it is used only when asked, never where a real sgl_kernel
+(scripts/gpu/serve/standin/). On CPU: it is used only when asked, never where a real sgl_kernel
 would load, and it offers every name SGLang's dense CUDA path imports, refusing the rest. On a
 GPU: each kernel it provides against a PyTorch reference."""
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from sglang_dflash.attention import attend_with_context
+from sglang_dflash.draft.attention import attend_with_context
 from sglang_dflash.train import split_attention
 from sglang_dflash.train.mask import block_attention_mask
 from sglang_dflash.train.objective import resolve_block_attention
@@ -95,7 +95,7 @@ def test_the_choice_per_device():
 _PEAK = """
 import sys, torch
 sys.path.insert(0, sys.argv[2])
-from scripts.bench_block_attention import make_inputs, runner
+from scripts.bench.block_attention import make_inputs, runner
 import argparse
 args = argparse.Namespace(seq_len=2048, anchors=512, block_size=16, heads=4, kv_heads=4, head_dim=16)
 anchors, q, kv = make_inputs(args, "cpu", torch.float32)

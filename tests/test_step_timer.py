@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from scripts import bench_step
+from scripts.serving import step_phases as bench_step
 from sglang_dflash import step_timer
 from sglang_dflash.step_timer import StepTimer
 

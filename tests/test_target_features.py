@@ -1,4 +1,4 @@
-"""Drafts whose `target_layer_ids` repeat a layer or are not increasing (target_features.py).
+"""Drafts whose `target_layer_ids` repeat a layer or are not increasing (draft/target_features.py).
 
 SGLang captures each listed layer once, in layer order. The oracle for the engine test is an
 equivalent draft: fc([h2, h1, h2]) with fc.weight [A | B | C] equals fc([h1, h2]) with
@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.target_features import FeatureLayout, captured_chunk_of
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.target_features import FeatureLayout, captured_chunk_of
 from tests import engines, tiny_models
 
 H = 4

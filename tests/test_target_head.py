@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_dflash.target_head import TargetHead
+from sglang_dflash.draft.target_head import TargetHead
 
 pytestmark = pytest.mark.sglang  # imports SGLang's layers
 

@@ -52,7 +52,7 @@ SHAPES = {
     "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
     "laguna": ("llama", {}, {}),  # draft "a" as a Laguna draft: per-element gates, per-slice norms
 }
-# How each shape's draft proposes (`proposals.py`; the server info's "dflash_proposals").
+# How each shape's draft proposes (`propose/proposers.py`; the server info's "dflash_proposals").
 PROPOSALS = {"dflash2": "candidate selector", "domino": "Domino rollout (greedy over a candidate pool of 16"}
 # The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
 # against SGLang's own modules): served end to end, lossless, and still accepting.

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.tensor_parallel import TensorParallel, check_ranks_agree, vocab_parallel_argmax
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.model import DFlashDraftModel
+from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree, vocab_parallel_argmax
 from tests.tiny_models import draft_config_dict
 
 

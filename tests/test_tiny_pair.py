@@ -105,7 +105,7 @@ def acceptance_length(per_request: list[collections.Counter]) -> float:
 
 
 def test_pair_files_and_held_out_prompts():
-    from sglang_dflash.config import DFlashDraftConfig
+    from sglang_dflash.checkpoint.config import DFlashDraftConfig
 
     target, draft = tiny_pair()
     config = DFlashDraftConfig.from_pretrained(draft)
@@ -183,14 +183,14 @@ def test_matches_reference(served, prompt_ids, monkeypatch):
 
 
 def test_grammar_aware_proposals_do_not_lower_acceptance():
-    """On a JSON-schema workload (`scripts/grammar_acceptance.py`, the shipped pair's held-out
+    """On a JSON-schema workload (`scripts/serving/grammar_acceptance.py`, the shipped pair's held-out
     prompts), proposals the grammar allows are accepted at least as often as the draft's own,
     and the outputs are the same: both are lossless. The verify width is fixed: the width that
     adapts to load follows step timings, which made the two runs' acceptance differ by chance
     (1.030 against 1.033 in one CI run, 1.37 against 1.02 in the next)."""
     from unittest import mock
 
-    from scripts.grammar_acceptance import measure
+    from scripts.serving.grammar_acceptance import measure
 
     target, draft = tiny_pair()
     args = dict(engines.CPU_ENGINE, max_running_requests=4)

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from sglang_dflash import ops
-from sglang_dflash.attention import SdpaDraftAttention
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train import data
 from sglang_dflash.train.checkpoint import latest_checkpoint
 from sglang_dflash.train.config import TrainConfig, TrainConfigError, default_loss_gamma

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from sglang_dflash.assets import tiny_pair, tiny_pair_prompts
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train.served import speculative_generate
 
 NEW_TOKENS = 40

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from sglang_dflash.block import extend_positions, gather_slots, prepare_draft_block
-from sglang_dflash.verify import forced_acceptance, greedy_verify
+from sglang_dflash.draft.block import extend_positions, gather_slots, prepare_draft_block
+from sglang_dflash.verify.acceptance import forced_acceptance, greedy_verify
 
 
 def T(rows):

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sglang_dflash.metrics import resolve_spec_tokens_hook
-from sglang_dflash.width_policy import (
+from sglang_dflash.sglang.metrics import resolve_spec_tokens_hook
+from sglang_dflash.width.policy import (
     AcceptanceEstimate,
     RequestAcceptance,
     StepCostModel,

@@ -13,9 +13,9 @@ import torch
 
 from sglang_dflash import knobs as knobs_module
 from sglang_dflash.knobs import Knobs
-from sglang_dflash.proposals import ArgmaxProposer, ProposalInputs, proposer_for
-from sglang_dflash.step_width import COLD_DECODE_STEPS, StepWidth, decode_when_off
-from sglang_dflash.width_policy import WidthPolicy
+from sglang_dflash.propose.proposers import ArgmaxProposer, ProposalInputs, proposer_for
+from sglang_dflash.width.policy import WidthPolicy
+from sglang_dflash.width.step import COLD_DECODE_STEPS, StepWidth, decode_when_off
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,7 +69,7 @@ def test_the_knobs_module_lists_every_variable_it_reads():
 
 
 def test_the_worker_reads_no_environment_variable():
-    for module in ("worker.py", "draft_runtime.py", "step_width.py", "proposals.py"):
+    for module in ("worker.py", "runtime.py", "width/step.py", "propose/proposers.py"):
         tree = ast.parse(open(os.path.join(ROOT, "sglang_dflash", module)).read())
         names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
         names |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
@@ -78,21 +78,21 @@ def test_the_worker_reads_no_environment_variable():
 
 def test_no_import_circle_between_plugin_hooks_and_worker():
     """The plugin registers; the worker imports neither the plugin nor the scheduler hooks."""
-    for module in ("worker", "draft_runtime", "scheduler_hooks"):
+    for module in ("worker", "runtime", "sglang/scheduler_hooks"):
         tree = ast.parse(open(os.path.join(ROOT, "sglang_dflash", f"{module}.py")).read())
         imported = {
             node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
         }
         assert "sglang_dflash.plugin" not in imported, module
-        if module != "scheduler_hooks":
-            assert "sglang_dflash.scheduler_hooks" not in imported, module
+        if module != "sglang/scheduler_hooks":
+            assert "sglang_dflash.sglang.scheduler_hooks" not in imported, module
 
 
 @pytest.mark.sglang
 def test_importing_the_worker_loads_neither_plugin_nor_hooks():
     code = (
         "import sys, sglang_dflash.worker; "
-        "print(sorted(set(sys.modules) & {'sglang_dflash.plugin', 'sglang_dflash.scheduler_hooks'}))"
+        "print(sorted(set(sys.modules) & {'sglang_dflash.plugin', 'sglang_dflash.sglang.scheduler_hooks'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[]"

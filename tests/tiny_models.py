@@ -265,8 +265,8 @@ def draft_config_dict(
 
 def make_draft(path: str, *, seed: int = 1, prefix: str = "", **config_kwargs) -> str:
     """A random draft in the z-lab format; `prefix="model."` exercises the prefixed names."""
-    from sglang_dflash.config import DFlashDraftConfig
-    from sglang_dflash.draft_model import DFlashDraftModel
+    from sglang_dflash.checkpoint.config import DFlashDraftConfig
+    from sglang_dflash.draft.model import DFlashDraftModel
 
     raw = draft_config_dict(**config_kwargs)
     config = DFlashDraftConfig.from_dict(raw)

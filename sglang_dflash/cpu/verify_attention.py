@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.block import gather_rows, gather_slots
+from sglang_dflash.draft.block import gather_rows, gather_slots
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.ops import reference
 
 __all__ = ["choose_inject_context_kv", "forget", "inject_context_kv"]

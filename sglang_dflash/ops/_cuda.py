@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.draft_model import DFlashDraftModel
-from sglang_dflash.kv_store import DraftKVStore
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.ops import reference
 
 OP_NAME = "sglang_dflash::inject_context_kv"

@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from typing import Optional
 
-from sglang_dflash.config import CheckpointError
+from sglang_dflash.checkpoint.config import CheckpointError
 from sglang_dflash.train.config import (
     AUTOCAST,
     BLOCK_ATTENTION,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang_dflash.config import ARCHITECTURE
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.checkpoint.config import ARCHITECTURE
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train.config import TrainConfig
 
 

@@ -21,8 +21,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from sglang_dflash.config import DFlashDraftConfig
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train import checkpoint, data
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft

@@ -6,7 +6,7 @@ see:
   * context token t iff t < anchors[j]: the committed tokens strictly before the anchor, as in
     serving, where the block `[bonus, MASK...]` starts right after the committed context;
   * block token (j', k') iff j' == j: its own block only;
-and, on top of both, what `sglang_dflash.attention.visibility` allows by position (non-causal for
+and, on top of both, what `sglang_dflash.draft.attention.visibility` allows by position (non-causal for
 full layers; causal within `sliding_window` for sliding layers), the same rule serving uses.
 
 E.g., S=6, anchors=[1, 3], B=2 (queries at positions 1, 2 | 3, 4), full attention:
@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.attention import visibility
+from sglang_dflash.draft.attention import visibility
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -20,8 +20,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.attention import attend_with_context
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.draft.attention import attend_with_context
+from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train import split_attention
 from sglang_dflash.train.config import TrainConfigError
 from sglang_dflash.train.data import Batch

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_dflash.attention import attend_with_context, visibility
-from sglang_dflash.draft_model import DFlashDraftModel
+from sglang_dflash.draft.attention import attend_with_context, visibility
+from sglang_dflash.draft.model import DFlashDraftModel
 
 
 @dataclass

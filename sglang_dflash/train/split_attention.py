@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.attention import visibility
+from sglang_dflash.draft.attention import visibility
 from sglang_dflash.train.mask import context_mask
 
 NULL_BIAS = -30000.0

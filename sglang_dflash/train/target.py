@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.config import build_target_layer_ids
+from sglang_dflash.checkpoint.config import build_target_layer_ids
 from sglang_dflash.train.config import TrainConfigError
 
 

@@ -64,7 +64,7 @@ def copy_all_layer_kv_cache_cpu(
 def murmur_hash32_cpu(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
     """SGLang's seeded-sampling hash (`--enable-deterministic-inference`): [n] seeds and positions,
     [m] columns -> [n, m] uint32."""
-    from sglang_dflash.sampling import murmur_hash32
+    from sglang_dflash.verify.sampling import murmur_hash32
 
     return murmur_hash32(seed, positions, col_indices).to(torch.uint32)
 

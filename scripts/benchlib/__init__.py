@@ -1,1 +1,0 @@
-"""Shared pieces of the benchmark scripts: statistics, HTTP client, prompts, server launcher, reports."""

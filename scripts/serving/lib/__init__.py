@@ -1,0 +1,1 @@
+"""Shared parts of the serving scripts: statistics, HTTP client, prompts, server launcher, reports."""

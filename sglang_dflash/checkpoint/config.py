@@ -1,0 +1,444 @@
+"""The DFlash draft checkpoint format (z-lab `DFlashDraftModel`), parsed and validated.
+
+A checkpoint is a directory with `config.json` and safetensors weights. The config is a
+Qwen3 decoder config plus the DFlash fields:
+
+    {"architectures": ["DFlashDraftModel"], "num_hidden_layers": 5, "hidden_size": 4096, ...,
+     "block_size": 16, "num_target_layers": 36,
+     "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669}}
+
+Every DFlash key is read from `dflash_config` first, then from the top level, as the reference
+loaders do. Every problem raises `CheckpointError` naming the field and the value.
+
+See docs/serving.md ("Draft checkpoints").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sglang_dflash.checkpoint import contract
+from sglang_dflash.checkpoint.contract import CheckpointError
+from sglang_dflash.checkpoint.fields import (
+    bool_field,
+    int_field,
+    number_field,
+    parse_conv,
+    parse_domino,
+    parse_rope,
+    parse_selector,
+    read_laguna,
+)
+
+ARCHITECTURE = "DFlashDraftModel"
+SERVED_ARCHITECTURES = (
+    ARCHITECTURE,
+    *contract.SELECTOR_ARCHITECTURES,
+    contract.MUSE_ASSISTANT,
+    contract.LAGUNA,
+)
+DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
+MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference default: round(linspace(1, L-3, n)), or L//2 for a single draft layer.
+
+    E.g., L=36, n=5 -> [1, 9, 17, 25, 33].
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end < start:
+        raise CheckpointError(
+            f"default target_layer_ids need a target with at least 4 layers, got {num_target_layers}"
+        )
+    span = end - start
+    return [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str:
+    """A local checkpoint directory for `path`: the directory itself, or a Hugging Face hub id
+    fetched (config, safetensors and a trained mask embedding) into the hub cache."""
+    if path and os.path.isdir(path):
+        return path
+    if not path or path.startswith(("/", ".", "~")) or path.count("/") != 1:
+        raise CheckpointError(f"draft checkpoint path {path!r} is not a directory")
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors", MASK_EMBEDDING]
+        return snapshot_download(path, revision=revision, allow_patterns=patterns)
+    except Exception as error:
+        raise CheckpointError(
+            f"draft checkpoint {path!r} is not a local directory and could not be fetched from the "
+            f"Hugging Face hub ({type(error).__name__})"
+        ) from error
+
+
+@dataclass(frozen=True)
+class DFlashDraftConfig:
+    """Everything the draft network and the worker need from `config.json`."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    attention_bias: bool
+    block_size: int
+    # None: resolved from `mask_token` with the target's tokenizer (`resolve_mask_token_id`).
+    mask_token_id: Optional[int]
+    # None: not in the checkpoint; resolved against the target by `resolve_target_layer_ids`.
+    target_layer_ids: Optional[tuple[int, ...]]
+    num_target_layers: Optional[int]
+    # Per draft layer: "full_attention" (non-causal) or "sliding_attention".
+    layer_types: tuple[str, ...]
+    sliding_window: Optional[int]
+    # None: follow the reference (sliding layers causal, full layers not).
+    is_causal: Optional[bool]
+    rope: dict  # {"rope_type": str, "rope_theta": float, ...} in transformers' format
+    max_position_embeddings: int
+    input_embedding_scale: float = 1.0
+    vocab_size: Optional[int] = None
+    declares_block_size: bool = True  # False: `block_size` is the caller's default
+    mask_token: str = DEFAULT_MASK_TOKEN
+    # The options SGLang's DFlash draft reads from the config (models/dflash.py):
+    use_gemma_norm: bool = False  # every RMSNorm scales by (1 + w), in fp32
+    rotary_dim: Optional[int] = None  # RoPE on the first rotary_dim dims of a head; None: all
+    rope_is_neox_style: bool = True  # False: GPT-J style, rotating interleaved pairs
+    hidden_act: str = "silu"  # or "swigluoai": gpt-oss's clamped SwiGLU
+    swiglu_alpha: Optional[float] = None  # swigluoai only
+    swiglu_limit: Optional[float] = None  # swigluoai only
+    # MiMo's extras (dflash_config only, as SGLang reads them): a per-head sink logit in every
+    # layer's attention softmax (tensors `layers.N.self_attn.attention_sink_bias`), and V scaled
+    # by a constant for the block and the context alike.
+    attention_sink_bias: bool = False
+    attention_value_scale: Optional[float] = None
+    # Grouped dynamic convolution (DFlash2's backbone, on any class; dflash_config only): each
+    # layer's two sublayers convolve their input and output over the block's previous
+    # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    # The class, and DFlash2's candidate selector (`propose/selector.py`; dflash_config only): the top
+    # `selector_top_k` tokens of the target's head per slot, walked over a rank-`selector_rank`
+    # lattice. 0: no selector (the plain argmax).
+    architecture: str = ARCHITECTURE
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: Optional[float] = None  # None: off
+    # Domino's projector (`propose/domino.py`; any class): the proposals roll out greedily, each slot's
+    # base logits corrected by a GRU over the tokens proposed before it. None: no projector.
+    projector_type: Optional[str] = None
+    shift_label: bool = False  # True: slot i reads the draft's row i - 1 (else row i)
+    gru_hidden_dim: int = 0
+    emb_dim: int = 0
+    # Laguna's drafts (class `DFlashLagunaForCausalLM`): each captured feature slice has its own
+    # norm before `fc` (`aux_hidden_norms`), every layer's context K/V are projected from its
+    # `input_layernorm` of the context feature, and with `gating` the attention output is scaled
+    # by softplus(g_proj(x)) per head or per element before `o_proj`.
+    gating: str = "disabled"  # "per-head", "per-element" or "disabled"
+
+    @property
+    def is_laguna(self) -> bool:
+        return self.architecture == contract.LAGUNA
+
+    @property
+    def rope_width(self) -> int:
+        """How many leading dims of each head RoPE rotates."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+    def options_in_use(self, scope: str = "all") -> list[str]:
+        """The options that depart from plain z-lab maths (Qwen3 norms, full-width neox RoPE,
+        SiLU, plain softmax attention, unscaled V, no convolution), named for start-up lines.
+        `scope`: "all"; "forward", what the draft network's own layer maths computes (not the
+        attention's sinks); "context_kv", what the context K/V projection computes."""
+        if scope not in ("all", "forward", "context_kv"):
+            raise ValueError(f"unknown scope {scope!r}")
+        options = []
+        if scope == "all" and self.selector_rank:
+            options.append(f"candidate selector (rank {self.selector_rank}, top {self.selector_top_k})")
+        if scope == "all" and self.projector_type:
+            options.append(f"Domino rollout (GRU {self.gru_hidden_dim}, projection {self.emb_dim})")
+        if scope != "forward" and self.is_laguna:
+            options.append("Laguna feature-slice norms and context input norm")
+        if scope != "context_kv" and self.gating != "disabled":
+            options.append(f"Laguna attention gate ({self.gating})")
+        if scope == "all" and self.attention_sink_bias:
+            options.append("attention sinks")
+        if scope != "context_kv" and self.conv_kernel_size:
+            options.append(
+                f"grouped convolution ({self.conv_kernel_size} taps, groups of {self.conv_group_size})"
+            )
+        if self.attention_value_scale is not None and self.attention_value_scale != 1.0:
+            options.append(f"V scaled by {self.attention_value_scale}")
+        if self.use_gemma_norm:
+            options.append("Gemma norms")
+        if self.rope_width != self.head_dim:
+            options.append(f"RoPE on {self.rope_width} of {self.head_dim} head dims")
+        if not self.rope_is_neox_style:
+            options.append("GPT-J style RoPE")
+        if scope != "context_kv" and self.hidden_act != "silu":
+            options.append(f"hidden_act {self.hidden_act}")
+        return options
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def layer_is_causal(self, layer_id: int) -> bool:
+        if self.is_causal is not None:
+            return self.is_causal
+        return self.layer_types[layer_id] == "sliding_attention"
+
+    def layer_window(self, layer_id: int) -> Optional[int]:
+        return self.sliding_window if self.layer_types[layer_id] == "sliding_attention" else None
+
+    # ------------------------------------------------------------------ parsing
+
+    @classmethod
+    def from_pretrained(cls, path: str, default_block_size: Optional[int] = None) -> "DFlashDraftConfig":
+        """Parse `config.json` of a checkpoint directory (see `resolve_checkpoint_dir`)."""
+        config_path = os.path.join(path, "config.json")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"draft checkpoint {path!r} has no config.json")
+        try:
+            with open(config_path) as f:
+                raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"draft config {config_path!r} is not valid JSON: {e}") from e
+        return cls.from_dict(raw, default_block_size)
+
+    @classmethod
+    def from_dict(cls, raw: dict, default_block_size: Optional[int] = None) -> "DFlashDraftConfig":
+        """`default_block_size`: the draft block of a checkpoint without `block_size` (SGLang's
+        built-in uses `--speculative-num-draft-tokens`, else 16: `sglang/server_args.py`); without
+        it, the field is required."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"draft config must be a JSON object, got {type(raw).__name__}")
+        dflash = raw.get("dflash_config") or {}
+        if not isinstance(dflash, dict):
+            raise CheckpointError(f"draft config field 'dflash_config' must be an object, got {dflash!r}")
+
+        def get(name: str, default: Any = None) -> Any:
+            return dflash.get(name, raw.get(name, default))
+
+        def require(name: str) -> Any:
+            value = get(name)
+            if value is None:
+                raise CheckpointError(f"draft config is missing the field {name!r}")
+            return value
+
+        archs = raw.get("architectures")
+        contract.refuse_architecture(archs)
+        architecture = (
+            next((a for a in archs if a in SERVED_ARCHITECTURES), None) if isinstance(archs, list) else None
+        )
+        if architecture is None:
+            raise CheckpointError(
+                f"draft config field 'architectures' must contain one of {list(SERVED_ARCHITECTURES)}, "
+                f"got {archs!r}"
+            )
+        gating = "disabled"
+        if architecture == contract.LAGUNA:  # read as SGLang's LagunaConfig reads it
+            raw, gating = read_laguna(raw)
+        contract.check_config(raw, architecture)
+
+        hidden_size = int_field("hidden_size", require("hidden_size"), minimum=1)
+        num_layers = int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
+        num_heads = int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
+        num_kv_heads = int_field("num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1)
+        if num_heads % num_kv_heads:
+            raise CheckpointError(
+                f"draft config field 'num_attention_heads' ({num_heads}) must be a multiple of "
+                f"'num_key_value_heads' ({num_kv_heads})"
+            )
+        head_dim = get("head_dim") or hidden_size // num_heads
+        head_dim = int_field("head_dim", head_dim, minimum=2)
+        if head_dim % 2:
+            raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
+        intermediate = int_field("intermediate_size", require("intermediate_size"), minimum=1)
+        act = get("hidden_act", "silu")
+        if act not in ("silu", "swigluoai"):
+            raise CheckpointError(
+                f"draft config field 'hidden_act' must be 'silu' or 'swigluoai', got {act!r}"
+            )
+        swiglu = {}
+        if act == "swigluoai":  # SGLang reads both constants, with no default
+            for name in ("swiglu_alpha", "swiglu_limit"):
+                swiglu[name] = float(number_field(name, require(name), positive=True))
+        sinks = bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
+        value_scale = dflash.get("attention_value_scale")
+        if value_scale is not None:
+            value_scale = float(number_field("attention_value_scale", value_scale))
+        conv = parse_conv(dflash, hidden_size)
+        selector = parse_selector(dflash, architecture)
+        domino = parse_domino(raw, dflash)
+        if selector and domino:  # SGLang's worker would roll out Domino and ignore the selector
+            raise CheckpointError(
+                f"draft config declares both DFlash2's candidate selector (class {architecture!r}) and "
+                "Domino's projector ('projector_type'), which sglang-dflash does not serve together"
+            )
+        gemma = bool_field("use_gemma_norm", get("use_gemma_norm", False))
+        eps = number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
+        bias = bool_field("attention_bias", get("attention_bias", False))
+
+        block_size = get("block_size")
+        if block_size is None:
+            block_size = default_block_size
+        if block_size is None:
+            raise CheckpointError("draft config is missing the field 'block_size'")
+        block_size = int_field("block_size", block_size, minimum=2)
+        mask_token_id = get("mask_token_id")
+        if mask_token_id is not None:
+            mask_token_id = int_field("mask_token_id", mask_token_id, minimum=0)
+        mask_token = get("mask_token") or DEFAULT_MASK_TOKEN
+        if not isinstance(mask_token, str):
+            raise CheckpointError(f"draft config field 'mask_token' must be a string, got {mask_token!r}")
+
+        num_target_layers = get("num_target_layers")
+        if num_target_layers is not None:
+            num_target_layers = int_field("num_target_layers", num_target_layers, minimum=1)
+        layer_ids = get("target_layer_ids")
+        if layer_ids is not None:
+            if (
+                not isinstance(layer_ids, list)
+                or not layer_ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
+            ):
+                raise CheckpointError(
+                    f"draft config field 'target_layer_ids' must be a non-empty list of integers, "
+                    f"got {layer_ids!r}"
+                )
+            layer_ids = tuple(layer_ids)
+
+        layer_types = get("layer_types") or ["full_attention"] * num_layers
+        if (
+            not isinstance(layer_types, list)
+            or len(layer_types) != num_layers
+            or any(t not in LAYER_TYPES for t in layer_types)
+        ):
+            raise CheckpointError(
+                f"draft config field 'layer_types' must list one of {LAYER_TYPES} per layer "
+                f"({num_layers} layers), got {layer_types!r}"
+            )
+        sliding_window = get("sliding_window")
+        if "sliding_attention" in layer_types:
+            sliding_window = int_field("sliding_window", sliding_window, minimum=1)
+        else:
+            sliding_window = None
+        is_causal = get("is_causal")
+        if is_causal is None and raw.get("model_type") == "muse_glimmer_assistant":
+            is_causal = False  # the class default of SGLang's MuseGlimmerAssistantConfig
+        if is_causal is not None:
+            bool_field("is_causal", is_causal)
+
+        scale = number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
+        vocab_size = get("vocab_size")
+        if vocab_size is not None:
+            vocab_size = int_field("vocab_size", vocab_size, minimum=1)
+        rope, rotary_dim, neox = parse_rope(raw, get, head_dim)
+
+        return cls(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            rms_norm_eps=float(eps),
+            attention_bias=bias,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            mask_token=mask_token,
+            target_layer_ids=layer_ids,
+            num_target_layers=num_target_layers,
+            layer_types=tuple(layer_types),
+            sliding_window=sliding_window,
+            is_causal=is_causal,
+            rope=rope,
+            rotary_dim=rotary_dim,
+            rope_is_neox_style=neox,
+            use_gemma_norm=gemma,
+            hidden_act=act,
+            **swiglu,
+            attention_sink_bias=sinks,
+            **conv,
+            architecture=architecture,
+            **selector,
+            **domino,
+            gating=gating,
+            attention_value_scale=value_scale,
+            max_position_embeddings=int(get("max_position_embeddings", 32768)),
+            input_embedding_scale=float(scale),
+            vocab_size=vocab_size,
+            declares_block_size=get("block_size") is not None,
+        )
+
+    # ------------------------------------------------------- pairing with a target
+
+    def resolve_target_layer_ids(self, target_num_layers: int) -> tuple[int, ...]:
+        """The target layers whose outputs feed the draft, checked against the target.
+
+        SGLang captures the residual stream *entering* layer `id + 1`, so the last usable id is
+        L-2 for a target with L layers.
+        """
+        ids = self.target_layer_ids
+        if ids is None:
+            ids = tuple(build_target_layer_ids(target_num_layers, self.num_hidden_layers))
+        for i, layer_id in enumerate(ids):
+            if not 0 <= layer_id <= target_num_layers - 2:
+                raise CheckpointError(
+                    f"draft config field 'target_layer_ids' has {layer_id} at index {i}, out of "
+                    f"range [0, {target_num_layers - 2}] for a target with {target_num_layers} layers"
+                )
+        return ids
+
+    def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
+        """The verify width B may be smaller than the trained block, never larger."""
+        if not 2 <= num_draft_tokens <= self.block_size:
+            raise CheckpointError(
+                f"--speculative-num-draft-tokens {num_draft_tokens} must be between 2 and the "
+                f"draft checkpoint's block_size {self.block_size}"
+            )
+
+    def with_target_vocab(self, vocab_size: int) -> "DFlashDraftConfig":
+        """A config without `vocab_size` takes the target's (SGLang's rule; the selector's
+        codebooks have one row per token)."""
+        return self if self.vocab_size is not None else dataclasses.replace(self, vocab_size=vocab_size)
+
+    def check_target(self, *, hidden_size: int, vocab_size: int, num_layers: int) -> tuple[int, ...]:
+        """Validate the pairing with a target; return the resolved target layer ids."""
+        if hidden_size != self.hidden_size:
+            raise CheckpointError(
+                f"draft config field 'hidden_size' is {self.hidden_size} but the target's "
+                f"hidden_size is {hidden_size}"
+            )
+        if self.selector_rank and self.vocab_size is not None and self.vocab_size < vocab_size:
+            raise CheckpointError(
+                f"draft config field 'vocab_size' is {self.vocab_size}, below the target's vocab_size "
+                f"{vocab_size}: the candidate selector's codebooks index the target's vocabulary"
+            )
+        if self.projector_type and self.vocab_size is not None and self.vocab_size != vocab_size:
+            raise CheckpointError(
+                f"draft config field 'vocab_size' is {self.vocab_size}, not the target's vocab_size "
+                f"{vocab_size}: Domino's projector scores the target's vocabulary"
+            )
+        if self.mask_token_id is not None and self.mask_token_id >= vocab_size:
+            raise CheckpointError(
+                f"draft config field 'mask_token_id' is {self.mask_token_id}, at or beyond the "
+                f"target's vocab_size {vocab_size}"
+            )
+        return self.resolve_target_layer_ids(num_layers)

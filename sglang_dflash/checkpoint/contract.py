@@ -1,0 +1,357 @@
+"""What a draft checkpoint may hold: every config key and every tensor is served or refused.
+
+SGLang's built-in DFLASH serves several draft families and options beyond plain z-lab DFlash
+(grouped convolution, DFlash2's candidate selector, Domino, MiMo's attention sinks, ...), and
+it declares most of them by a config key or by extra tensors on the same `DFlashDraftModel`
+class. A checkpoint whose extras were ignored would still verify correctly, but its
+acceptance would collapse without a word. So nothing is ignored:
+
+  * a config key (in `dflash_config` or at the top level) is parsed by `config.py`, or listed
+    here as metadata that carries no maths, or refused by name with the family it declares;
+  * a tensor is a weight of the draft network, or listed here as inert (a rotary cache), or
+    refused by name with the family its name belongs to.
+
+A refusal is one line: the field or tensor, its value, the family, and the way out
+(`SGLANG_DFLASH_IMPL=builtin`, which hands DFLASH back to SGLang's built-in worker).
+
+See docs/serving.md ("Draft checkpoints").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+WAY_OUT = "serve it with SGLang's built-in DFLASH (SGLANG_DFLASH_IMPL=builtin)"
+
+
+class CheckpointError(ValueError):
+    """A DFlash draft checkpoint (or its pairing with a target) is unusable."""
+
+
+class RefusedCheckpoint(CheckpointError):
+    """A draft checkpoint declares something sglang-dflash does not serve."""
+
+
+# ------------------------------------------------------------------------------ classes
+
+# The classes of DFlash2 drafts: the plain backbone plus a candidate selector (`propose/selector.py`).
+SELECTOR_ARCHITECTURES = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
+# Muse Glimmer's assistant: the plain draft's maths under its own class (and `model_type`).
+MUSE_ASSISTANT = "MuseGlimmerAssistantModel"
+# Laguna's drafts: a softplus gate on the attention output, a norm per captured feature slice,
+# and the context through each layer's input norm (`fields.read_laguna`).
+LAGUNA = "DFlashLagunaForCausalLM"
+
+# architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
+# Served: `config.SERVED_ARCHITECTURES`.
+REFUSED_ARCHITECTURES = {
+    "LiLiCorrDraftModel": "LiLiCorr (lattice correction head)",
+    "Qwen3DSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
+    "LingDSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
+    "DSparkDraftModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
+}
+
+
+def refuse_architecture(architectures: Any) -> None:
+    """A class of another draft family is refused by its family's name."""
+    if isinstance(architectures, list):
+        for arch in architectures:
+            if arch in REFUSED_ARCHITECTURES:
+                raise RefusedCheckpoint(
+                    f"draft config field 'architectures' is {architectures!r}: "
+                    f"{REFUSED_ARCHITECTURES[arch]} drafts are not served by sglang-dflash; {WAY_OUT}"
+                )
+
+
+# --------------------------------------------------------------------------- config keys
+
+
+@dataclass(frozen=True)
+class Declares:
+    """A config key that declares maths this package does not implement, unless it holds the
+    value that turns the feature off; `top_level_only`: served in `dflash_config`, refused at
+    the top level (where SGLang's plain draft does not read it); `served_for`: architectures
+    whose `dflash_config` declares it as served (refused at the top level, which SGLang does
+    not read, and on every other class); `top_level_for`: architectures whose top level declares
+    it as served (refused in `dflash_config`, which SGLang does not read for it)."""
+
+    family: str
+    is_off: Callable[[Any], bool]
+    top_level_only: bool = False
+    served_for: tuple[str, ...] = ()
+    top_level_for: tuple[str, ...] = ()
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
+def _falsy(value: Any) -> bool:
+    return value is None or value is False or value == 0
+
+
+def _one(value: Any) -> bool:
+    return value is None or value == 1 or value == 1.0
+
+
+def _true(value: Any) -> bool:
+    return value is None or value is True
+
+
+# In the order a refusal names them: the family-defining keys first, so a Nemotron-3.5 draft is
+# named as one and not as "quantized". (SGLang: speculative/dflash_utils.py,
+# parse_dflash_draft_config and is_nemotron_35_draft_config; models/dflash.py for the options.)
+REFUSED_KEYS: dict[str, Declares] = {
+    # Nemotron-3.5 drafts: their own token embedding, NVFP4 weights, sinks.
+    "has_embed_tokens": Declares("Nemotron-3.5 (the draft's own token embedding)", _falsy),
+    "eagle_aux_hidden_state_layer_ids": Declares("Nemotron-3.5 (aux hidden-state layer ids)", _absent),
+    "swa_window_size": Declares("Nemotron-3.5 (its sliding window)", _absent),
+    "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),
+    # DFlash2's candidate selector head (served on its classes).
+    "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
+    "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
+    "output_multiplier": Declares(
+        "DFlash2 (selector logit multiplier)", _one, served_for=SELECTOR_ARCHITECTURES
+    ),
+    "final_logit_softcapping": Declares(
+        "DFlash2 (selector logit soft-capping)",
+        lambda v: v is None or v <= 0,
+        served_for=SELECTOR_ARCHITECTURES,
+    ),
+    # Laguna's gate and head counts (served on its class, at the top level as LagunaConfig reads them).
+    "gating": Declares(
+        "Laguna (attention output gate)", lambda v: v in (None, False, "disabled"), top_level_for=(LAGUNA,)
+    ),
+    "num_attention_heads_per_layer": Declares(
+        "Laguna (per-layer head counts)", _absent, top_level_for=(LAGUNA,)
+    ),
+    # Weight formats.
+    "quantization_config": Declares("quantized draft weights (fp8, NVFP4, ...)", _absent),
+    "text_config": Declares("a nested text_config (multimodal-style draft config)", _absent),
+    # Options of the plain family.
+    **{
+        key: Declares(
+            "grouped dynamic convolution at the top level (SGLang reads it from dflash_config)",
+            _falsy,
+            top_level_only=True,
+        )
+        for key in ("conv_kernel_size", "conv_group_size")
+    },
+    "attention_sink_bias": Declares(
+        "Nemotron-3.5 style attention sinks (at the top level; MiMo's are read from dflash_config)",
+        _falsy,
+        top_level_only=True,
+    ),
+    "attention_value_scale": Declares(
+        "a value scale at the top level (SGLang reads MiMo's from dflash_config)",
+        _absent,
+        top_level_only=True,
+    ),
+    "mlp_bias": Declares("MLP biases (mlp_bias)", _falsy),
+}
+# Key prefixes of families refused as a whole: LiLiCorr's head, DSpark's Markov head.
+PREFIX_FAMILIES = {"lilicorr_": "LiLiCorr (lattice correction head)", "markov_": "DSpark (Markov head)"}
+
+# Keys `config.py` parses into `DFlashDraftConfig` (their values are checked there).
+PARSED_KEYS = frozenset(
+    {
+        "architectures", "dflash_config", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
+        "attention_bias", "block_size", "mask_token_id", "mask_token", "num_target_layers",
+        "target_layer_ids", "layer_types", "sliding_window", "is_causal", "input_embedding_scale",
+        "vocab_size", "rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings",
+        "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
+        "swiglu_alpha", "swiglu_limit",
+        "projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim",
+    }
+)  # fmt: skip
+
+# Keys that carry no maths for a draft network with no embedding and no LM head of its own:
+# provenance, training-time settings and generation defaults. transformers' own generic keys
+# (`PretrainedConfig().to_dict()`) are added to these in `metadata_keys()`.
+METADATA_KEYS = frozenset(
+    {
+        "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "auto_map",
+        "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache",
+        "attention_dropout", "initializer_range", "pretraining_tp", "has_lm_head",
+        # Qwen3's sliding-window switches: `layer_types` says which layers slide (checked below).
+        "use_sliding_window", "max_window_layers",
+    }
+)  # fmt: skip
+
+# RoPE parameters (rope_scaling / rope_parameters) that `config.py` and
+# `draft/model.py`'s `_rope_inv_freq` serve, or that change nothing for a draft: it only ever sees 1-D
+# positions, where M-RoPE equals RoPE (SGLang's draft does the same).
+ROPE_KEYS = frozenset(
+    {
+        "rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
+        "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
+        "mscale", "mscale_all_dim", "short_factor", "long_factor", "truncate",
+        "rope_dim", "partial_rotary_factor", "mrope_section", "mrope_interleaved",
+    }
+)  # fmt: skip
+
+# Keys SGLang's `LagunaConfig` takes for the Laguna target that a Laguna draft's config may carry
+# and its draft layers never read (their MLP is dense; their attention reads the fields above).
+LAGUNA_TARGET_KEYS = frozenset(
+    {
+        "mlp_layer_types", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "shared_expert_intermediate_size", "moe_routed_scaling_factor", "moe_router_logit_softcapping",
+        "moe_apply_router_weight_on_input", "moe_router_score_func",
+    }
+)  # fmt: skip
+
+_metadata_keys: Optional[frozenset] = None
+
+
+def metadata_keys() -> frozenset:
+    global _metadata_keys
+    if _metadata_keys is None:
+        from transformers import PretrainedConfig
+
+        _metadata_keys = METADATA_KEYS | frozenset(PretrainedConfig().to_dict())
+    return _metadata_keys
+
+
+def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
+    """Refuse the first key of `raw` (a parsed `config.json` of a draft of class `architecture`)
+    that is neither parsed, nor metadata, nor switched off. Keys of `dflash_config` and of the
+    top level are both read."""
+    dflash = raw.get("dflash_config") or {}
+    scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
+    for key, rule in REFUSED_KEYS.items():
+        served = architecture in rule.served_for
+        served_top = architecture in rule.top_level_for
+        for where, scope in scopes:
+            if ((rule.top_level_only or served) and where) or (served_top and not where):
+                continue
+            if key in scope and not rule.is_off(scope[key]):
+                family = rule.family
+                if served:
+                    family += " at the top level (SGLang reads it from dflash_config)"
+                if served_top:
+                    family += " in dflash_config (SGLang reads it at the top level)"
+                _refuse_key(where + key, scope[key], family)
+    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys()
+    for where, scope in scopes:
+        for key, value in scope.items():
+            prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
+            if prefix is not None:
+                _refuse_key(where + key, value, PREFIX_FAMILIES[prefix])
+            laguna_key = architecture == LAGUNA and key in LAGUNA_TARGET_KEYS and not where
+            if key not in known and not laguna_key:
+                raise RefusedCheckpoint(
+                    f"draft config field {where + key!r} ({_short(value)}) is unknown to sglang-dflash, "
+                    f"which would otherwise ignore it; {WAY_OUT}"
+                )
+    for name in ("rope_scaling", "rope_parameters"):
+        rope = raw.get(name)
+        if isinstance(rope, dict):
+            for key, value in rope.items():
+                if key not in ROPE_KEYS:
+                    raise RefusedCheckpoint(
+                        f"draft config field '{name}.{key}' ({_short(value)}) is unknown to "
+                        f"sglang-dflash, which would otherwise ignore it; {WAY_OUT}"
+                    )
+    if _get(raw, dflash, "use_sliding_window") and _get(raw, dflash, "layer_types") is None:
+        raise RefusedCheckpoint(
+            "draft config field 'use_sliding_window' is true without 'layer_types', from which "
+            f"sglang-dflash reads which layers slide; list them there, or {WAY_OUT}"
+        )
+
+
+def _get(raw: dict, dflash: Any, key: str) -> Any:
+    if isinstance(dflash, dict) and key in dflash:
+        return dflash[key]
+    return raw.get(key)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_key(name: str, value: Any, family: str) -> None:
+    raise RefusedCheckpoint(
+        f"draft config field {name!r} = {_short(value)} declares {family}, which sglang-dflash "
+        f"does not serve; {WAY_OUT}"
+    )
+
+
+# ------------------------------------------------------------------------------ tensors
+
+# Tensor-name patterns (after `model.` is stripped) -> the family whose weights they are. Served
+# families whose config keys are missing say which keys (`SERVED_WHEN_DECLARED`).
+TENSOR_FAMILIES = (
+    (r"^layers\.\d+\.(attention_conv|mlp_conv)\.", "grouped dynamic convolution"),
+    (r"^(prefix_gru|embed_proj)\.", "Domino (GRU rollout projector)"),
+    (r"\.attention_sink_bias$", "attention sinks"),
+    (r"^candidate_selector\.", "DFlash2 (candidate selector)"),
+    (r"^lilicorr\.", "LiLiCorr (lattice correction head)"),
+    (r"^aux_hidden_norms\.|\.self_attn\.g_proj\.", "Laguna (gated attention, per-slice feature norms)"),
+    (r"^embed_tokens\.", "the draft's own token embedding (Nemotron-3.5 style)"),
+    (r"^lm_head\.", "the draft's own LM head"),
+    (
+        r"\.(weight_scale|weight_scale_2|weight_scale_inv|input_scale|weight_packed|qweight|qzeros|"
+        r"scales|g_idx)$",
+        "quantized draft weights",
+    ),
+)
+SERVED_WHEN_DECLARED = {
+    "Domino (GRU rollout projector)": "projector_type: domino, with shift_label, gru_hidden_dim, emb_dim",
+    "Laguna (gated attention, per-slice feature norms)": f"architectures: [{LAGUNA!r}], with its gating",
+    "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
+    "attention sinks": "dflash_config.attention_sink_bias: true",
+}
+# Tensors that hold nothing the draft computes with: HF's cached RoPE frequencies.
+INERT_TENSORS = r"(^|\.)rotary_emb\.inv_freq$"
+
+# Vendor names SGLang's built-in loads as the plain draft's weights (models/dflash.py).
+TENSOR_ALIASES = {
+    "encoder.fc.weight": "fc.weight",
+    "encoder.output_norm_enc.weight": "hidden_norm.weight",
+}
+
+# Safetensors header dtypes (and their torch names) that hold plain weights.
+DENSE_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "float64", "float32", "float16", "bfloat16"})
+
+
+def canonical_name(name: str) -> str:
+    """The draft network's name for a checkpoint tensor: `model.` stripped, vendor aliases
+    resolved."""
+    name = name.removeprefix("model.")
+    return TENSOR_ALIASES.get(name, name)
+
+
+def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[str, str]) -> None:
+    """Refuse the first tensor that is not a weight of the draft network (`expected`), naming
+    its family; refuse quantized dtypes. `names` and `dtypes` use canonical names."""
+    expected = set(expected)
+    for name in sorted(names):
+        if name in expected:
+            dtype = dtypes.get(name)
+            if dtype is not None and dtype.removeprefix("torch.") not in DENSE_DTYPES:
+                raise RefusedCheckpoint(
+                    f"draft weight {name!r} is stored as {dtype}: quantized draft weights are not "
+                    f"served by sglang-dflash; {WAY_OUT}"
+                )
+            continue
+        if re.search(INERT_TENSORS, name):
+            continue
+        family = next((f for pattern, f in TENSOR_FAMILIES if re.search(pattern, name)), None)
+        if family in SERVED_WHEN_DECLARED:
+            raise RefusedCheckpoint(
+                f"draft checkpoint tensor {name!r} belongs to {family}, which its config does not "
+                f"declare ({SERVED_WHEN_DECLARED[family]}); {WAY_OUT}"
+            )
+        if family is not None:
+            raise RefusedCheckpoint(
+                f"draft checkpoint tensor {name!r} belongs to {family}, which sglang-dflash does "
+                f"not serve; {WAY_OUT}"
+            )
+        raise RefusedCheckpoint(
+            f"draft checkpoint tensor {name!r} is not a weight of a DFlash draft, and sglang-dflash "
+            f"would otherwise ignore it; {WAY_OUT}"
+        )

@@ -1,0 +1,384 @@
+"""Draft attention on CUDA through FlashInfer (same contract as `attention.SdpaDraftAttention`).
+
+Layout. The block's own K/V are written, per layer, into *scratch slots* of the draft KV store:
+batch row i's block occupies slots `scratch_base + i*Bd .. scratch_base + (i+1)*Bd - 1`, past
+the target's slot range, so they are never committed, never shared with the radix cache, and
+never collide with the verify window. Each request's keys are then one paged sequence (page
+size 1) of length C_i + Bd:
+
+    [req_to_token[r_i, 0:C_i] ; scratch slots of row i]
+
+and its Bd queries sit at positions C_i .. C_i+Bd-1, aligned with the end of that sequence,
+which is exactly how FlashInfer defines its causal and sliding-window masks. With a context
+window W (`--speculative-draft-window-size`) the context part is the last min(C_i, W) committed
+slots instead, `req_to_token[r_i, C_i - V_i : C_i]`: a contiguous suffix, so distances, and with
+them the masks, are unchanged. One paged prefill
+per layer then gives `visibility(...)`: full-attention layers non-causal, sliding layers with
+`window_left = sliding_window - 1` (causal or not, per `DFlashDraftConfig.layer_is_causal`).
+
+Planning, once per step and per layer kind, with no host sync: FlashInfer schedules its work
+from host lengths (`attention.planning_lens`: the scheduler's `batch.seq_lens_cpu`, exact, else
+`DFlashDraftInputV2.nxt_kv_lens_cpu`, an upper bound); the device indptr and page indices are
+built on the GPU from the exact device lengths, and the fa2 kernels clamp every KV tile to the
+device lengths. (The plan copies the host indptr to the device; we then point the wrapper at the
+exact device indptr.) Split-KV must see exact host lengths: the plan sizes each request's KV
+chunks and the merge of their partial outputs from the host lengths, while the kernel counts
+chunks from the device lengths, so with an upper bound the two disagree and partial outputs of
+different rows are merged together. With upper-bound host lengths the plan therefore disables
+split-KV (one chunk per request and query tile: correct, and slower for long contexts at small
+batch, where split-KV is what fills the GPU).
+
+CUDA-graph mode (`graph_batch_size=b`, for `step.py`): the wrappers are FlashInfer's
+graph-mode ones for exactly b requests, over fixed buffers (`GraphBuffers`: the page indices,
+sized by `kv_indices_capacity`, and the workspaces, shared by every bucket, since only one
+bucket runs a step), so a captured `run` reads whatever the last plan wrote there. Planning
+stays outside the graph, before each replay, with exact host lengths (the only kind graph mode
+takes): FlashInfer's graph-mode plan always splits the KV, pads its grid to a size that does
+not depend on the lengths, and keeps its work partition in device buffers at fixed offsets, so
+one captured `run` serves every later plan of the same batch size.
+
+A plan writes its work partition into a pinned host buffer and copies it to the device
+asynchronously; nothing in FlashInfer stops the next plan of the same wrapper from overwriting
+that host buffer before the copy has run. `bind` therefore waits for the previous plan's copies
+(an event recorded after them) before planning again: a host wait that returns at once unless
+the device is more than a whole step behind.
+
+`flashinfer` is imported lazily: this module imports on CPU-only hosts.
+
+See docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.block import context_window
+from sglang_dflash.draft.kv_store import DraftKVStore
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's split-KV scratch (its recommended size)
+INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # a plan's work partition (what each wrapper allocates)
+
+
+def num_scratch_slots(max_batch_size: int, block_size: int) -> int:
+    """Extra draft-KV-store slots `FlashInferDraftAttention` needs past the target's slots."""
+    return max_batch_size * block_size
+
+
+def kv_indices_capacity(
+    max_batch_size: int, max_context_len: int, block_size: int, context_window: Optional[int] = None
+) -> int:
+    """Page indices a step of up to `max_batch_size` requests can list (page size 1): each
+    request's visible context, at most `max_context_len` (or the draft window), and its block.
+    Requests sharing a cached prefix each list it, so the pool's size is no bound.
+    E.g., 4 requests, context 1000, Bd 16 -> 4 * 1016; with a window of 256 -> 4 * 272."""
+    visible = max_context_len if context_window is None else min(max_context_len, context_window)
+    return max_batch_size * (visible + block_size)
+
+
+def unavailable_reason(config: DFlashDraftConfig, device: torch.device) -> Optional[str]:
+    """Why FlashInfer cannot run this draft's attention on `device`, or None if it can."""
+    if device.type != "cuda":
+        return f"the draft runs on {device.type}"
+    if config.attention_sink_bias:
+        return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError as error:
+        return f"flashinfer is not importable ({error})"
+    for layer_id in range(config.num_hidden_layers):
+        window = config.layer_window(layer_id)
+        if window is not None and not config.layer_is_causal(layer_id) and window < config.block_size:
+            # Non-causal sliding layers also mask keys more than `window` to the right; within a
+            # block that only happens when the window is shorter than the block.
+            block = config.block_size
+            return f"layer {layer_id} is non-causal with sliding_window {window} < block_size {block}"
+    return None
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    causal: bool
+    window_left: int  # FlashInfer's: keys at most window_left positions left of the query; -1: all
+
+
+def layer_kind(config: DFlashDraftConfig, layer_id: int) -> LayerKind:
+    window = config.layer_window(layer_id)
+    return LayerKind(config.layer_is_causal(layer_id), -1 if window is None else window - 1)
+
+
+@dataclass
+class GraphBuffers:
+    """What the graph-mode attentions of every bucket share (one bucket plans and runs a step):
+    the page indices, the split-KV scratch, and one plan workspace per layer kind (the kinds of
+    one step are planned together, so each needs its own)."""
+
+    kv_indices: torch.Tensor  # [capacity] int32
+    workspace: torch.Tensor  # [>= WORKSPACE_BYTES] uint8
+    int_workspaces: dict  # LayerKind -> [>= INT_WORKSPACE_BYTES] uint8
+
+    def grow(self, kind: "LayerKind", float_bytes: int, int_bytes: int) -> None:
+        """Make the workspaces at least this large (before any wrapper plans into them: the
+        largest bucket is built first, and the rest then get the grown ones)."""
+        device = self.workspace.device
+        if float_bytes > self.workspace.numel():
+            self.workspace = torch.empty(float_bytes, dtype=torch.uint8, device=device)
+        if int_bytes > self.int_workspaces[kind].numel():
+            self.int_workspaces[kind] = torch.empty(int_bytes, dtype=torch.uint8, device=device)
+
+    @classmethod
+    def allocate(cls, config: DFlashDraftConfig, capacity: int, workspace: torch.Tensor) -> "GraphBuffers":
+        device = workspace.device
+        kinds = {layer_kind(config, i) for i in range(config.num_hidden_layers)}
+        return cls(
+            kv_indices=torch.zeros(capacity, dtype=torch.int32, device=device),
+            workspace=workspace,
+            int_workspaces={
+                k: torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device) for k in kinds
+            },
+        )
+
+
+@dataclass
+class PagedLayout:
+    """One step's paged KV layout. Device tensors are exact; host ones may be upper bounds."""
+
+    qo_indptr_host: torch.Tensor  # [bs + 1] int32, CPU: i * Bd
+    kv_indptr_host: torch.Tensor  # [bs + 1] int32, CPU: cumsum(context_lens_cpu + Bd)
+    last_page_len_host: torch.Tensor  # [bs] int32, CPU: ones (page size 1)
+    kv_indptr: torch.Tensor  # [bs + 1] int32, device: cumsum(context_lens + Bd)
+    kv_indices: torch.Tensor  # [kv_indptr_host[-1]] int32, device; valid up to kv_indptr[-1]
+
+
+def paged_layout(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    context_lens: torch.Tensor,
+    context_lens_cpu: torch.Tensor,
+    block_size: int,
+    scratch_base: int,
+    window: Optional[int] = None,
+) -> PagedLayout:
+    """Each request's keys as slot ids: its visible committed context (the last `window` tokens,
+    or all), then its block's scratch slots.
+
+    req_to_token [pool, max_len], req_pool_indices [bs], context_lens [bs] (device, exact),
+    context_lens_cpu [bs] (host, >= context_lens). Device work only; no host sync.
+    E.g., C = [2, 1], Bd = 2, scratch_base = 100, rows r0 -> [5, 6, ...], r1 -> [9, ...]:
+    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103]; with window = 1,
+    kv_indptr = [0, 3, 6], kv_indices = [6, 100, 101, 9, 102, 103].
+    """
+    bs, device = context_lens.shape[0], context_lens.device
+    start, visible = context_window(context_lens, window)  # [bs], [bs]
+    visible_cpu = context_lens_cpu if window is None else context_lens_cpu.clamp(max=window)
+    lens = visible.to(torch.int32) + block_size
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    torch.cumsum(lens, dim=0, dtype=torch.int32, out=kv_indptr[1:])
+    host_lens = visible_cpu.to(torch.int32) + block_size
+    kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+    torch.cumsum(host_lens, dim=0, dtype=torch.int32, out=kv_indptr_host[1:])
+    total_bound = int(kv_indptr_host[-1])
+
+    t = torch.arange(total_bound, dtype=torch.int32, device=device)
+    # Request of each entry; entries past the exact total (host slack) land in the last row and
+    # are never read.
+    row = torch.searchsorted(kv_indptr[1:], t, right=True).clamp_(max=bs - 1)
+    offset = t - kv_indptr[row]
+    row_context = visible.to(torch.int32)[row]
+    col = (start.to(torch.int32)[row] + offset).clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
+    context_slot = req_to_token[req_pool_indices.to(torch.int64)[row], col].to(torch.int32)
+    block_slot = scratch_base + row * block_size + (offset - row_context)
+    kv_indices = torch.where(offset < row_context, context_slot, block_slot).to(torch.int32)
+    return PagedLayout(
+        qo_indptr_host=torch.arange(bs + 1, dtype=torch.int32) * block_size,
+        kv_indptr_host=kv_indptr_host,
+        last_page_len_host=torch.ones(bs, dtype=torch.int32),
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+    )
+
+
+class FlashInferDraftAttention:
+    """One step's draft attention over the store through FlashInfer's paged prefill (fa2)."""
+
+    def __init__(
+        self,
+        config: DFlashDraftConfig,
+        store: DraftKVStore,
+        *,
+        scratch_base: int,
+        max_batch_size: int,
+        context_window: Optional[int] = None,
+        q_dtype: Optional[torch.dtype] = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+        workspace: Optional[torch.Tensor] = None,
+        graph_batch_size: Optional[int] = None,
+        graph_buffers: Optional[GraphBuffers] = None,
+    ):
+        """`workspace`: FlashInfer's float workspace, to share between instances that never
+        run at once (else `workspace_bytes` are allocated). `graph_batch_size`: CUDA-graph mode
+        for exactly that many requests, over `graph_buffers`."""
+        reason = unavailable_reason(config, store.k.device)
+        if reason is not None:
+            raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
+        need = scratch_base + num_scratch_slots(max_batch_size, config.block_size)
+        if store.num_slots < need:
+            raise ValueError(
+                f"the draft KV store has {store.num_slots} slots; FlashInfer draft attention needs "
+                f"{need} (scratch_base {scratch_base} + max_batch_size {max_batch_size} x "
+                f"block_size {config.block_size})"
+            )
+        import flashinfer
+
+        self.config = config
+        self.store = store
+        self.scratch_base = scratch_base
+        self.max_batch_size = max_batch_size
+        self.context_window = context_window
+        self.q_dtype = q_dtype or store.k.dtype  # the draft's compute dtype; the store may be fp8
+        self.scale = config.head_dim**-0.5
+        # The heads this rank attends over: the store holds its share of the KV heads (all of
+        # them without tensor parallelism), and the query heads split in the same proportion.
+        self.num_kv_heads = store.k.shape[2]
+        self.num_heads = config.num_attention_heads * self.num_kv_heads // config.num_key_value_heads
+        self.kinds = [layer_kind(config, i) for i in range(config.num_hidden_layers)]
+        device = store.k.device
+        self.graph_batch_size = graph_batch_size
+        graph_mode = {}
+        if graph_batch_size is not None:
+            if graph_batch_size != max_batch_size or graph_buffers is None:
+                raise ValueError(
+                    f"CUDA-graph mode needs graph_buffers and graph_batch_size ({graph_batch_size}) "
+                    f"== max_batch_size ({max_batch_size})"
+                )
+            workspace = graph_buffers.workspace
+            b = graph_batch_size
+            # One set for every layer kind: each kind's plan writes the same layout into them.
+            graph_mode = {
+                "use_cuda_graph": True,
+                "qo_indptr_buf": torch.zeros(b + 1, dtype=torch.int32, device=device),
+                "paged_kv_indptr_buf": torch.zeros(b + 1, dtype=torch.int32, device=device),
+                "paged_kv_indices_buf": graph_buffers.kv_indices,
+                "paged_kv_last_page_len_buf": torch.ones(b, dtype=torch.int32, device=device),
+            }
+        if workspace is None:
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+        self.workspace = workspace
+        self.wrappers = {
+            kind: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                workspace, "NHD", backend="fa2", **graph_mode
+            )
+            for kind in set(self.kinds)
+        }
+        if graph_buffers is not None:
+            # Graph mode always splits the KV, over a grid padded for b requests: its scratch
+            # grows with b (about 200 MB at b = 256 for 32/8 heads of 128), past the default.
+            for kind, wrapper in self.wrappers.items():
+                graph_buffers.grow(kind, *self._graph_workspace_bytes(wrapper, kind, graph_batch_size))
+            for kind, wrapper in self.wrappers.items():
+                wrapper.reset_workspace_buffer(graph_buffers.workspace, graph_buffers.int_workspaces[kind])
+            self.workspace = graph_buffers.workspace
+        self._planned = None  # a CUDA event after the last plan's copies
+        for wrapper in self.wrappers.values():
+            # We point the planned indptr at the exact device one (see the module docstring).
+            if not hasattr(wrapper, "_paged_kv_indptr_buf"):
+                raise RuntimeError(
+                    "this FlashInfer version has no BatchPrefillWithPagedKVCacheWrapper._paged_kv_indptr_buf"
+                )
+
+    def _graph_workspace_bytes(self, wrapper, kind: LayerKind, b: int) -> tuple[int, int]:
+        """FlashInfer's (float, int) workspace bytes for a graph-mode plan of b requests. Its
+        grid and split-KV scratch depend on b and the query rows (b x Bd), not on the context
+        lengths, so b empty requests stand for every plan of this bucket."""
+        block = self.config.block_size
+        indptr = torch.arange(b + 1, dtype=torch.int32) * block
+        return wrapper.workspace_size(
+            indptr,
+            indptr,
+            torch.zeros(b * block, dtype=torch.int32, device=self.store.k.device),
+            torch.ones(b, dtype=torch.int32),
+            self.num_heads,
+            self.num_kv_heads,
+            self.config.head_dim,
+            1,
+            causal=kind.causal,
+            window_left=kind.window_left,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.store.k.dtype,
+        )
+
+    def bind(
+        self,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        context_lens: torch.Tensor,
+        context_lens_cpu: torch.Tensor,
+        block_size: int,
+        host_lens_exact: bool = True,
+    ) -> "FlashInferDraftAttention":
+        """Plan this step. context_lens [bs] on the GPU (exact); context_lens_cpu [bs] on the host,
+        exact (`host_lens_exact`) or an upper bound, which turns split-KV off (module docstring)."""
+        bs = context_lens.shape[0]
+        if not 1 <= bs <= self.max_batch_size:
+            raise ValueError(f"batch size {bs} is outside [1, {self.max_batch_size}]")
+        if self.graph_batch_size is not None and (bs != self.graph_batch_size or not host_lens_exact):
+            raise ValueError(
+                f"CUDA-graph mode plans exactly {self.graph_batch_size} requests with exact host "
+                f"lengths, got {bs} (exact: {host_lens_exact})"
+            )
+        if block_size != self.config.block_size:
+            raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
+        self.bs, self.block_size = bs, block_size
+        layout = paged_layout(
+            req_to_token,
+            req_pool_indices,
+            context_lens,
+            context_lens_cpu,
+            block_size,
+            self.scratch_base,
+            self.context_window,
+        )
+        if self._planned is not None:
+            # The previous plan's pinned host buffer must have reached the device before this
+            # plan rewrites it (module docstring); normally long done, so this returns at once.
+            self._planned.synchronize()
+        for kind, wrapper in self.wrappers.items():
+            wrapper.plan(
+                layout.qo_indptr_host,
+                layout.kv_indptr_host,
+                layout.kv_indices,
+                layout.last_page_len_host,
+                self.num_heads,
+                self.num_kv_heads,
+                self.config.head_dim,
+                1,  # page size
+                causal=kind.causal,
+                window_left=kind.window_left,
+                sm_scale=self.scale,
+                q_data_type=self.q_dtype,
+                kv_data_type=self.store.k.dtype,
+                non_blocking=True,
+                disable_split_kv=not host_lens_exact,
+            )
+            if self.graph_batch_size is None:
+                wrapper._paged_kv_indptr_buf = layout.kv_indptr
+            else:  # a captured run reads the fixed buffer
+                wrapper._paged_kv_indptr_buf.copy_(layout.kv_indptr)
+        if self.store.k.device.type == "cuda":
+            if self._planned is None:
+                self._planned = torch.cuda.Event()
+            self._planned.record()
+        self.layout = layout  # keeps the device buffers alive for the step
+        return self
+
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
+        rows = slice(self.scratch_base, self.scratch_base + self.bs * self.block_size)
+        k_cache, v_cache = self.store.k[layer_id], self.store.v[layer_id]  # [num_slots, kv_heads, d]
+        k_cache[rows] = k  # cast to the store dtype
+        v_cache[rows] = v
+        wrapper = self.wrappers[self.kinds[layer_id]]
+        return wrapper.run(q.to(self.q_dtype).contiguous(), (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))

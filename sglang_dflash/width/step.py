@@ -1,0 +1,99 @@
+"""`StepWidth`: the verify width W of each decode step (1 <= W <= B), and how a step at W = 1
+runs the target.
+
+The width is adaptive (`policy.py`) or always B, chosen once at start-up
+(`policy.py`, `policy_for`). The adaptive policy learns each (batch size, width)'s cost from
+the interval between successive decode steps' starts, measured here on host clocks; intervals
+that are not a step's steady cost are left out: the server's first decode steps (one-time
+start-up costs) and the first decode step after an extend or idle step (the scheduler also
+settles the extend's results in it). Acceptance reaches the policy from the scheduler's side
+(`metrics.resolve_spec_tokens_hook`).
+
+At W = 1 there is no draft: the target runs one token per request, through its plain DECODE
+forward, or on the CPU engine with the batched verify attention through a verify forward over a
+window of one (exactly decode attention, in one SDPA per layer for the batch instead of SGLang's
+per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, docs/verify-width.md).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import torch
+
+from sglang_dflash.knobs import WIDTH1_FORWARD_ENV, Knobs
+from sglang_dflash.width.policy import policy_for
+
+COLD_DECODE_STEPS = 8  # a server's first decode steps, whose intervals the policy ignores
+
+
+def decode_when_off(
+    device_type: str, override: Optional[str], verify_attention_mode: str
+) -> tuple[bool, str]:
+    """Whether a step at W = 1 runs the target's DECODE forward (else a verify over one token),
+    with the reason. `override`: SGLANG_DFLASH_WIDTH1_FORWARD."""
+    if override not in (None, "", "decode", "verify"):
+        raise ValueError(f"{WIDTH1_FORWARD_ENV} must be decode or verify, got {override!r}")
+    if override:
+        return override == "decode", f"{override} forward ({WIDTH1_FORWARD_ENV}={override})"
+    if device_type == "cpu" and verify_attention_mode == "batched":
+        return False, "a verify forward over one token (batched CPU verify attention)"
+    return True, "the target's decode forward"
+
+
+class StepWidth:
+    def __init__(
+        self, num_draft_tokens: int, device: torch.device | str, tp_size: int, knobs: Knobs, metrics=None
+    ):
+        from sglang_dflash.cpu import verify_attention
+
+        device_type = torch.device(device).type
+        self.num_draft_tokens = num_draft_tokens  # B
+        self.policy, self._policy_reason = policy_for(
+            num_draft_tokens, device_type, knobs.adaptive_width, tp_size=tp_size, fair_slack=knobs.fair_slack
+        )
+        self.decode_when_off, self._off_reason = decode_when_off(
+            device_type, knobs.width1_forward, verify_attention.mode()
+        )
+        self.metrics = metrics  # DFlashMetrics or None: the chosen widths' histogram
+        self._width1_steps = knobs.width1_steps  # test aid: no draft for the first N decode steps
+        # (start, bs, width, context, measured) of the last decode step; None after an extend or
+        # idle step.
+        self._last: Optional[tuple[float, int, int, int, bool]] = None
+        self._decode_steps = 0
+
+    def describe(self) -> str:
+        """For the start-up line: `verify_width=<this>`."""
+        return f"{self.num_draft_tokens} ({self._policy_reason}; width 1 runs {self._off_reason})"
+
+    @property
+    def probing(self) -> bool:
+        """The width chosen last was a probe, chosen to measure it rather than as the best."""
+        return self.policy is not None and self.policy.probing
+
+    def not_decoding(self) -> None:
+        """An extend or idle step ran: the interval across it is not a decode step's cost."""
+        self._last = None
+
+    def choose(self, bs: int, context: int, rids: Sequence[str]) -> int:
+        """This step's width for `bs` requests `rids` holding `context` committed tokens (a host
+        count); feeds the interval since the last decode step's start to the policy (host
+        clocks only)."""
+        now = time.perf_counter()
+        if self._width1_steps > 0:
+            self._width1_steps -= 1
+            width = 1
+        elif self.policy is None:
+            width = self.num_draft_tokens
+        else:
+            if self._last is not None and self._last[4]:
+                start, last_bs, last_width, last_context, _ = self._last
+                self.policy.observe_step(last_bs, last_width, now - start, last_context)
+            width = self.policy.choose(bs, context, rids)
+        self._decode_steps += 1
+        measured = self._last is not None and self._decode_steps > COLD_DECODE_STEPS
+        self._last = (now, bs, width, context, measured)
+        if self.metrics is not None:
+            self.metrics.observe_width(width)
+        return width
