@@ -12,6 +12,7 @@ Modules, one noun each:
   * `mask`       : the block-wise attention mask over many anchored blocks.
   * `objective`  : anchors, the draft forward over all blocks, the decayed loss, `Metrics`.
   * `checkpoint` : save / resume of the training state.
+  * `atomic`     : files and directories written whole or not at all (tmp, then rename).
   * `export`     : the draft's `config.json` and the z-lab format export.
   * `loop`       : `Trainer`, the optimisation loop.
   * `cli`        : the command line.

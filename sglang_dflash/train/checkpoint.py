@@ -13,11 +13,11 @@ import glob
 import json
 import os
 import random
-import shutil
 from typing import Optional
 
 import torch
 
+from sglang_dflash.train import atomic
 from sglang_dflash.train.config import TrainConfigError
 
 STATE_FILE = "trainer_state.pt"
@@ -47,14 +47,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(path: str, state: dict, export) -> None:
-    """Write atomically: into `path.tmp`, then rename. `export(dir)` writes the draft files."""
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    export(tmp)
-    torch.save(state, os.path.join(tmp, STATE_FILE))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    """Write atomically (`atomic.replacing`). `export(dir)` writes the draft files."""
+    with atomic.replacing(path) as tmp:
+        os.makedirs(tmp)
+        export(tmp)
+        torch.save(state, os.path.join(tmp, STATE_FILE))
 
 
 def resolve_resume(resume: str, out: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_dflash.train import atomic
 from sglang_dflash.train.config import TrainConfigError
 
 MIN_TOKENS = 3  # one context token, the anchor, and one label
@@ -284,8 +285,6 @@ def anchor_key(seed: int, epoch: int, index: int) -> int:
 
 
 def write_examples(path: str, examples: list[Example]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic.replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for e in examples:
             f.write(e.to_json() + "\n")
-    os.replace(tmp, path)

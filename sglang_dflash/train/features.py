@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.train import data
+from sglang_dflash.train import atomic, data
 from sglang_dflash.train.config import TrainConfigError
 from sglang_dflash.train.target import FrozenTarget, TargetOutput, inspect_target, load_tokenizer
 
@@ -79,7 +79,7 @@ def capture(
     }
     os.makedirs(out, exist_ok=True)
     if rank == 0:
-        _write_json(os.path.join(out, MANIFEST), manifest)
+        atomic.write_json(os.path.join(out, MANIFEST), manifest)
     target = FrozenTarget.load(target_path, spec.layer_ids, device)
     written = {"tokens": 0, "bytes": 0}
     for k in range(rank, -(-len(examples) // shard_size), world):
@@ -97,9 +97,8 @@ def capture(
                 features.append(got.features[i, :n].cpu().clone())
                 predictions.append(got.predictions[i, :n].cpu().clone())
         shard = {"first": first, "features": features, "predictions": predictions}
-        tmp = shard_path(out, k) + ".tmp"
-        torch.save(shard, tmp)
-        os.replace(tmp, shard_path(out, k))
+        with atomic.replacing(shard_path(out, k)) as tmp:
+            torch.save(shard, tmp)
         written["tokens"] += sum(len(e.input_ids) for e in part)
         written["bytes"] += sum(
             f.numel() * f.element_size() + p.numel() * p.element_size() for f, p in zip(features, predictions)
@@ -187,13 +186,6 @@ class HeadOnlyTarget:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embedding)
-
-
-def _write_json(path: str, value: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2)
-    os.replace(tmp, path)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -23,7 +23,7 @@ from torch import nn
 
 from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft.model import DFlashDraftModel
-from sglang_dflash.train import checkpoint, data
+from sglang_dflash.train import atomic, checkpoint, data
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft
 from sglang_dflash.train.objective import DFlashObjective, Metrics, resolve_block_attention
@@ -151,8 +151,8 @@ class Trainer:
         if cfg.resume is not None:
             self.load(checkpoint.resolve_resume(cfg.resume, cfg.out))
         if self.ranks.is_main:
-            with open(os.path.join(cfg.out, "train_config.json"), "w") as f:
-                json.dump({**cfg.to_dict(), "ranks": self.ranks.world}, f, indent=2)
+            settings = {**cfg.to_dict(), "ranks": self.ranks.world}
+            atomic.write_json(os.path.join(cfg.out, "train_config.json"), settings)
 
     def _build_optimizer(self) -> None:
         cfg = self.cfg
@@ -366,8 +366,7 @@ class Trainer:
         # What the draft was trained on, for serving it the same way: chats were rendered with
         # this template, with its default thinking mode (no template arguments).
         info = {"chat_template": getattr(self.tokenizer, "chat_template", None), "chat_template_kwargs": {}}
-        with open(os.path.join(path, "training_info.json"), "w") as f:
-            json.dump(info, f, indent=2)
+        atomic.write_json(os.path.join(path, "training_info.json"), info)
 
     def save(self, path: str) -> None:
         state = {
