@@ -10,7 +10,8 @@ import sys
 
 from scripts.gpu import bundle as gpu_bundle
 
-STANDIN = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "serve" / "standin"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "scripts" / "gpu" / "serve" / "standin"
 
 
 def python(root: pathlib.Path) -> str:
@@ -56,5 +57,5 @@ def run(
     env["PYTHONPATH"] = os.pathsep.join([*([str(STANDIN)] if standin else []), *map(str, extra_path)])
     if kit:
         env.update(SGLANG_DFLASH_SGL_KERNEL_STANDIN="1", SGLANG_DFLASH_GPU_KIT="1")
-    cwd = cwd or STANDIN.parents[2]
+    cwd = cwd or ROOT
     return subprocess.run([python_path, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
