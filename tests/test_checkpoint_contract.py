@@ -29,11 +29,6 @@ def _top(**kwargs):
     return lambda d: d.update(kwargs)
 
 
-def _sliding_without_types(d):
-    d.pop("layer_types")
-    d["use_sliding_window"] = True
-
-
 # (edit of a plain config, words the refusal must contain). "was accepted": served as plain
 # DFlash, its extras ignored, before the contract.
 CONFIG_CASES = [
@@ -67,10 +62,22 @@ CONFIG_CASES = [
         _dc(selector_rank=8, selector_top_k=4), "declares DFlash2 (candidate selector)", id="selector-keys"
     ),
     pytest.param(
-        _top(has_embed_tokens=True, quantization_config={"quant_algo": "W4A16_NVFP4"}),
-        "'has_embed_tokens' = True declares Nemotron-3.5",
-        id="nemotron-3.5",  # was "sliding_window must be an integer" or an fc.weight shape error
+        _top(has_embed_tokens=True),
+        "'has_embed_tokens' = True declares the draft's own token embedding",
+        id="own-embedding",  # was "sliding_window must be an integer" or an fc.weight shape error
     ),
+    pytest.param(
+        _top(
+            has_embed_tokens=True,
+            quantization_config={"quant_algo": "W4A16_NVFP4"},
+            eagle_aux_hidden_state_layer_ids=[1],
+            target_layer_ids=[0],
+            sample_from_anchor=False,
+        ),
+        "declares a Nemotron-3.5 draft",
+        id="nemotron-3.5",  # named as SGLang detects it (is_nemotron_35_draft_config)
+    ),
+    pytest.param(_dc(use_swa=True, swa_window_size=64), "a sliding window over the context", id="mimo-swa"),
     pytest.param(
         _dc(lilicorr_candidate_topk=4),
         "'dflash_config.lilicorr_candidate_topk' = 4 declares LiLiCorr",
@@ -81,11 +88,6 @@ CONFIG_CASES = [
         _top(rope_scaling={"rope_type": "default", "twist": 2}),
         "'rope_scaling.twist' (2) is unknown",
         id="unknown-rope-key",
-    ),
-    pytest.param(
-        _sliding_without_types,
-        "'use_sliding_window' is true without 'layer_types'",
-        id="sliding-without-types",
     ),
 ]
 
@@ -140,7 +142,7 @@ def test_muse_glimmer_assistants_are_served_with_their_class_defaults():
     whose class default is_causal=False makes every layer non-causal, sliding ones too."""
     raw = draft_config_dict(num_layers=2)
     raw.update(architectures=["MuseGlimmerAssistantModel"], model_type="muse_glimmer_assistant")
-    raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8)
+    raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8, use_sliding_window=True)
     config = DFlashDraftConfig.from_dict(raw)
     assert config.architecture == "MuseGlimmerAssistantModel" and config.is_causal is False
     assert not config.layer_is_causal(0) and not config.layer_is_causal(1)

@@ -56,7 +56,8 @@ def test_a_sliding_window_draft_asks_for_its_own_attention_module():
     from scripts.gpu.serve import models
 
     draft = models.qwen3_8b_dflash()
-    draft.update(sliding_window=512, layer_types=["sliding_attention"] + ["full_attention"] * 4)
+    layer_types = ["sliding_attention"] + ["full_attention"] * 4
+    draft.update(sliding_window=512, use_sliding_window=True, layer_types=layer_types)
     uris = gpu_aot.draft_modules(draft, "bfloat16")
     sliding = gpu_aot.prefill_spec(gpu_aot.Attention("bfloat16", 128, sliding=True)).name
     assert sliding in uris

@@ -145,7 +145,7 @@ def _run_draft(model: DFlashDraftModel, inputs: dict):
     return ctx_k, ctx_v, hidden
 
 
-def _rank(rank: int, size: int, port: int, queue) -> None:
+def _rank(rank: int, size: int, port: int, queue, received) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
@@ -169,6 +169,8 @@ def _rank(rank: int, size: int, port: int, queue) -> None:
             local, rank * width, max(0, min(width, head.shape[0] - rank * width)), tp
         )
         queue.put((rank, ctx_k, ctx_v, hidden, proposals))
+        # The parent maps these tensors from this process's shared memory: stay until it has.
+        received.wait(timeout=120)
     finally:
         dist.destroy_process_group()
 
@@ -192,11 +194,12 @@ def test_sharded_draft_equals_the_unsharded_draft_in_a_gloo_group():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, size, port, queue)) for r in range(size)]
+    queue, received = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_rank, args=(r, size, port, queue, received)) for r in range(size)]
     for p in procs:
         p.start()
     results = sorted((queue.get(timeout=120) for _ in procs), key=lambda r: r[0])
+    received.set()
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -369,6 +369,7 @@ def test_training_forward_matches_serving(tmp_path, sliding, mode):
         with open(os.path.join(path, "config.json")) as f:
             raw = json.load(f)
         raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=3)
+        raw["use_sliding_window"] = True  # else Qwen3Config, as SGLang reads it, drops the window
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(raw, f)
     config = DFlashDraftConfig.from_pretrained(path)

@@ -7,8 +7,11 @@ Qwen3 decoder config plus the DFlash fields:
      "block_size": 16, "num_target_layers": 36,
      "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669}}
 
-Every DFlash key is read from `dflash_config` first, then from the top level, as the reference
-loaders do. Every problem raises `CheckpointError` naming the field and the value.
+Read as SGLang reads it: the model's fields (sizes, norms, RoPE, layer types, window,
+causality) at the top level, through the config class `model_type` names (`config_class.py`);
+the DFlash fields (`block_size`, `target_layer_ids`, the mask token, `num_target_layers`) from
+`dflash_config` first, then the top level; each family's options where SGLang reads them. Every
+problem raises `CheckpointError` naming the field and the value.
 
 See docs/serving.md ("Draft checkpoints").
 """
@@ -21,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sglang_dflash.checkpoint import contract
+from sglang_dflash.checkpoint import config_class, contract
 from sglang_dflash.checkpoint.contract import CheckpointError
 from sglang_dflash.checkpoint.fields import (
     bool_field,
@@ -79,6 +82,18 @@ def resolve_checkpoint_dir(path: str | None, revision: str | None = None) -> str
             f"draft checkpoint {path!r} is not a local directory and could not be fetched from the "
             f"Hugging Face hub ({type(error).__name__})"
         ) from error
+
+
+def _check_layer_types(layer_types: Any, num_layers: int) -> None:
+    if (
+        not isinstance(layer_types, (list, tuple))
+        or len(layer_types) != num_layers
+        or any(t not in LAYER_TYPES for t in layer_types)
+    ):
+        raise CheckpointError(
+            f"draft config field 'layer_types' must list one of {LAYER_TYPES} per layer "
+            f"({num_layers} layers), got {layer_types!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -232,11 +247,15 @@ class DFlashDraftConfig:
         if not isinstance(dflash, dict):
             raise CheckpointError(f"draft config field 'dflash_config' must be an object, got {dflash!r}")
 
-        def get(name: str, default: Any = None) -> Any:
+        def get(name: str, default: Any = None) -> Any:  # a DFlash field: dflash_config first
             return dflash.get(name, raw.get(name, default))
 
-        def require(name: str) -> Any:
-            value = get(name)
+        def model(name: str, default: Any = None) -> Any:  # a model field: the top level, as read
+            value = top.get(name)
+            return default if value is None else value
+
+        def require(name: str, value: Any = None) -> Any:  # what the file itself must give
+            value = raw.get(name) if value is None else value
             if value is None:
                 raise CheckpointError(f"draft config is missing the field {name!r}")
             return value
@@ -254,23 +273,28 @@ class DFlashDraftConfig:
         gating = "disabled"
         if architecture == contract.LAGUNA:  # read as SGLang's LagunaConfig reads it
             raw, gating = read_laguna(raw)
-        contract.check_config(raw, architecture)
-
+        contract.check_config(raw, architecture, config_class.class_keys(raw.get("model_type")))
+        # The sizes the file must give, checked before its config class (which would fill in its
+        # own defaults, or fail with transformers' words) reads it.
         hidden_size = int_field("hidden_size", require("hidden_size"), minimum=1)
         num_layers = int_field("num_hidden_layers", require("num_hidden_layers"), minimum=1)
         num_heads = int_field("num_attention_heads", require("num_attention_heads"), minimum=1)
-        num_kv_heads = int_field("num_key_value_heads", get("num_key_value_heads", num_heads), minimum=1)
+        intermediate = int_field("intermediate_size", require("intermediate_size"), minimum=1)
+        if raw.get("layer_types") is not None:
+            _check_layer_types(raw["layer_types"], num_layers)
+        top = config_class.model_fields(raw)
+
+        num_kv_heads = int_field("num_key_value_heads", model("num_key_value_heads", num_heads), minimum=1)
         if num_heads % num_kv_heads:
             raise CheckpointError(
                 f"draft config field 'num_attention_heads' ({num_heads}) must be a multiple of "
                 f"'num_key_value_heads' ({num_kv_heads})"
             )
-        head_dim = get("head_dim") or hidden_size // num_heads
+        head_dim = model("head_dim") or hidden_size // num_heads
         head_dim = int_field("head_dim", head_dim, minimum=2)
         if head_dim % 2:
             raise CheckpointError(f"draft config field 'head_dim' must be even for RoPE, got {head_dim}")
-        intermediate = int_field("intermediate_size", require("intermediate_size"), minimum=1)
-        act = get("hidden_act", "silu")
+        act = model("hidden_act", "silu")
         if act not in ("silu", "swigluoai"):
             raise CheckpointError(
                 f"draft config field 'hidden_act' must be 'silu' or 'swigluoai', got {act!r}"
@@ -278,7 +302,7 @@ class DFlashDraftConfig:
         swiglu = {}
         if act == "swigluoai":  # SGLang reads both constants, with no default
             for name in ("swiglu_alpha", "swiglu_limit"):
-                swiglu[name] = float(number_field(name, require(name), positive=True))
+                swiglu[name] = float(number_field(name, require(name, model(name)), positive=True))
         sinks = bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
         value_scale = dflash.get("attention_value_scale")
         if value_scale is not None:
@@ -291,9 +315,9 @@ class DFlashDraftConfig:
                 f"draft config declares both DFlash2's candidate selector (class {architecture!r}) and "
                 "Domino's projector ('projector_type'), which sglang-dflash does not serve together"
             )
-        gemma = bool_field("use_gemma_norm", get("use_gemma_norm", False))
-        eps = number_field("rms_norm_eps", get("rms_norm_eps", 1e-6), positive=True)
-        bias = bool_field("attention_bias", get("attention_bias", False))
+        gemma = bool_field("use_gemma_norm", model("use_gemma_norm", False))
+        eps = number_field("rms_norm_eps", model("rms_norm_eps", 1e-6), positive=True)
+        bias = bool_field("attention_bias", model("attention_bias", False))
 
         block_size = get("block_size")
         if block_size is None:
@@ -324,34 +348,33 @@ class DFlashDraftConfig:
                 )
             layer_ids = tuple(layer_ids)
 
-        layer_types = get("layer_types") or ["full_attention"] * num_layers
-        if (
-            not isinstance(layer_types, list)
-            or len(layer_types) != num_layers
-            or any(t not in LAYER_TYPES for t in layer_types)
-        ):
-            raise CheckpointError(
-                f"draft config field 'layer_types' must list one of {LAYER_TYPES} per layer "
-                f"({num_layers} layers), got {layer_types!r}"
-            )
-        sliding_window = get("sliding_window")
+        layer_types = model("layer_types") or ["full_attention"] * num_layers
+        _check_layer_types(layer_types, num_layers)
+        sliding_window = model("sliding_window")
         if "sliding_attention" in layer_types:
+            if sliding_window is None and raw.get("sliding_window") is not None:
+                raise CheckpointError(
+                    f"draft config field 'sliding_window' is {raw['sliding_window']!r} but "
+                    "'use_sliding_window' is not true, so transformers' Qwen3Config (which SGLang reads "
+                    "the draft's config through) drops it and the sliding layers would have no window; "
+                    "set 'use_sliding_window': true"
+                )
             sliding_window = int_field("sliding_window", sliding_window, minimum=1)
         else:
             sliding_window = None
-        is_causal = get("is_causal")
+        is_causal = model("is_causal")
         if is_causal is None and raw.get("model_type") == "muse_glimmer_assistant":
             is_causal = False  # the class default of SGLang's MuseGlimmerAssistantConfig
         if is_causal is not None:
             bool_field("is_causal", is_causal)
 
         scale = number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
-        vocab_size = get("vocab_size")
+        vocab_size = model("vocab_size")
         if vocab_size is not None:
             vocab_size = int_field("vocab_size", vocab_size, minimum=1)
-        rope, rotary_dim, neox = parse_rope(raw, get, head_dim)
+        rope, rotary_dim, neox = parse_rope(top, model, head_dim)
 
-        return cls(
+        config = cls(
             hidden_size=hidden_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
@@ -381,11 +404,13 @@ class DFlashDraftConfig:
             **domino,
             gating=gating,
             attention_value_scale=value_scale,
-            max_position_embeddings=int(get("max_position_embeddings", 32768)),
+            max_position_embeddings=int(model("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,
             declares_block_size=get("block_size") is not None,
         )
+        contract.check_agreement(raw, top, config)
+        return config
 
     # ------------------------------------------------------- pairing with a target
 

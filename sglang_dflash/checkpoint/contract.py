@@ -7,7 +7,8 @@ class. A checkpoint whose extras were ignored would still verify correctly, but 
 acceptance would collapse without a word. So nothing is ignored:
 
   * a config key (in `dflash_config` or at the top level) is parsed by `config.py`, or listed
-    here as metadata that carries no maths, or refused by name with the family it declares;
+    here as metadata that carries no maths, or checked to agree with what is served (keys SGLang
+    never reads: `check_agreement`), or refused by name with the family it declares;
   * a tensor is a weight of the draft network, or listed here as inert (a rotary cache), or
     refused by name with the family its name belongs to.
 
@@ -100,14 +101,19 @@ def _true(value: Any) -> bool:
     return value is None or value is True
 
 
-# In the order a refusal names them: the family-defining keys first, so a Nemotron-3.5 draft is
-# named as one and not as "quantized". (SGLang: speculative/dflash_utils.py,
-# parse_dflash_draft_config and is_nemotron_35_draft_config; models/dflash.py for the options.)
+# In the order a refusal names them. A Nemotron-3.5 draft is named as one before any of its keys
+# (`is_nemotron_35`). (SGLang: speculative/dflash_utils.py, parse_dflash_draft_config and
+# is_nemotron_35_draft_config; models/dflash.py for the options.)
 REFUSED_KEYS: dict[str, Declares] = {
-    # Nemotron-3.5 drafts: their own token embedding, NVFP4 weights, sinks.
-    "has_embed_tokens": Declares("Nemotron-3.5 (the draft's own token embedding)", _falsy),
-    "eagle_aux_hidden_state_layer_ids": Declares("Nemotron-3.5 (aux hidden-state layer ids)", _absent),
-    "swa_window_size": Declares("Nemotron-3.5 (its sliding window)", _absent),
+    # The draft's own token embedding: SGLang uses it only for a draft it detects as Nemotron-3.5,
+    # and skips its tensors otherwise.
+    "has_embed_tokens": Declares("the draft's own token embedding (Nemotron-3.5 style)", _falsy),
+    # MiMo's drafts: a window over the context they were trained with, which SGLang's draft does
+    # not apply (it reads `swa_window_size` for Nemotron-3.5 drafts only, and `use_swa` never).
+    "use_swa": Declares("a sliding window over the context (use_swa; SGLang's built-in ignores it)", _falsy),
+    "swa_window_size": Declares(
+        "a sliding window over the context (swa_window_size; SGLang's built-in ignores it)", _absent
+    ),
     "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),
     # DFlash2's candidate selector head (served on its classes).
     "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
@@ -176,8 +182,10 @@ METADATA_KEYS = frozenset(
         "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "auto_map",
         "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "use_cache",
         "attention_dropout", "initializer_range", "pretraining_tp", "has_lm_head",
-        # Qwen3's sliding-window switches: `layer_types` says which layers slide (checked below).
+        # Qwen3's sliding-window switches, which its config class applies (`config_class.py`).
         "use_sliding_window", "max_window_layers",
+        # Training settings (MiMo's drafts): the anchors per sequence, the loss's decay.
+        "num_anchors", "loss_decay_gamma",
     }
 )  # fmt: skip
 
@@ -215,10 +223,38 @@ def metadata_keys() -> frozenset:
     return _metadata_keys
 
 
-def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
+def is_nemotron_35(raw: dict) -> bool:
+    """Whether SGLang's built-in treats the draft as Nemotron-3.5's (its own NVFP4 embedding):
+    `is_nemotron_35_draft_config` in speculative/dflash_utils.py, condition for condition."""
+    dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    if not {"DFlashDraftModel", "Qwen3DSparkModel"} & set(raw.get("architectures") or []):
+        return False
+    if not raw.get("has_embed_tokens") or raw.get("has_lm_head"):
+        return False
+    quant = raw.get("quantization_config") or {}
+    if not isinstance(quant, dict) or quant.get("quant_algo") != "W4A16_NVFP4":
+        return False
+    ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
+    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if not ids or not aux or len(ids) != len(aux) or any(int(t) + 1 != int(a) for t, a in zip(ids, aux)):
+        return False
+    return dflash.get("sample_from_anchor", raw.get("sample_from_anchor", True)) is False
+
+
+def check_config(
+    raw: dict, architecture: str = "DFlashDraftModel", class_keys: frozenset = frozenset()
+) -> None:
     """Refuse the first key of `raw` (a parsed `config.json` of a draft of class `architecture`)
-    that is neither parsed, nor metadata, nor switched off. Keys of `dflash_config` and of the
-    top level are both read."""
+    that is neither parsed, nor metadata, nor switched off, nor one `check_agreement` checks.
+    Keys of `dflash_config` and of the top level are both read. `class_keys`: the fields of the
+    config class `model_type` names (`config_class.class_keys`), which the draft never reads
+    beyond those `config.py` parses."""
+    if is_nemotron_35(raw):
+        raise RefusedCheckpoint(
+            "draft config declares a Nemotron-3.5 draft (its own NVFP4 token embedding: "
+            "'has_embed_tokens', 'quantization_config.quant_algo' W4A16_NVFP4, "
+            f"'eagle_aux_hidden_state_layer_ids'), which sglang-dflash does not serve; {WAY_OUT}"
+        )
     dflash = raw.get("dflash_config") or {}
     scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
     for key, rule in REFUSED_KEYS.items():
@@ -234,7 +270,7 @@ def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
                 if served_top:
                     family += " in dflash_config (SGLang reads it at the top level)"
                 _refuse_key(where + key, scope[key], family)
-    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys()
+    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys() | AGREEMENT_KEYS | class_keys
     for where, scope in scopes:
         for key, value in scope.items():
             prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
@@ -255,17 +291,99 @@ def check_config(raw: dict, architecture: str = "DFlashDraftModel") -> None:
                         f"draft config field '{name}.{key}' ({_short(value)}) is unknown to "
                         f"sglang-dflash, which would otherwise ignore it; {WAY_OUT}"
                     )
-    if _get(raw, dflash, "use_sliding_window") and _get(raw, dflash, "layer_types") is None:
-        raise RefusedCheckpoint(
-            "draft config field 'use_sliding_window' is true without 'layer_types', from which "
-            f"sglang-dflash reads which layers slide; list them there, or {WAY_OUT}"
+
+
+# Keys SGLang never reads that published drafts carry: each is accepted when it agrees with what
+# is served, and refused by name when it does not (it would describe a draft other than the one
+# served). `check_agreement` checks them once the config is parsed.
+AGREEMENT_KEYS = frozenset(
+    {
+        "draft_vocab_size", "sliding_windows", "causal", "eagle_aux_hidden_state_layer_ids", "v_head_dim",
+        "initial_context_length",
+    }
+)  # fmt: skip
+# The model fields SGLang reads at the top level only (`config_class.MODEL_FIELDS`, less the ones
+# no dflash_config would hold): a copy in dflash_config must agree with the top level's.
+TOP_LEVEL_ONLY = (
+    "layer_types", "sliding_window", "is_causal", "hidden_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act",
+    "rms_norm_eps", "attention_bias", "vocab_size",
+)  # fmt: skip
+
+
+def check_agreement(raw: dict, top: dict, config: Any) -> None:
+    """Refuse a key SGLang never reads that disagrees with the parsed `config` (a
+    `DFlashDraftConfig`; `top`: the model fields as SGLang reads them, `config_class.py`)."""
+    dflash = raw.get("dflash_config") or {}
+    for key in TOP_LEVEL_ONLY:
+        if key in dflash and _as_list(dflash[key]) != _as_list(top.get(key)):
+            _disagrees(
+                f"dflash_config.{key}", dflash[key],
+                f"SGLang reads '{key}' at the top level only, where it is {_short(top.get(key))}",
+            )  # fmt: skip
+    scopes = (("dflash_config.", dflash), ("", raw))
+    for where, scope in scopes:
+        if "draft_vocab_size" in scope and scope["draft_vocab_size"] != config.vocab_size:
+            _disagrees(
+                where + "draft_vocab_size", scope["draft_vocab_size"],
+                f"the draft proposes over the target's whole vocabulary (vocab_size {config.vocab_size}); "
+                "a smaller draft vocabulary with a token map (EAGLE-3's d2t) is not DFlash's",
+            )  # fmt: skip
+        if "sliding_windows" in scope:
+            want = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+            got = scope["sliding_windows"]
+            if not isinstance(got, list) or [w or None for w in got] != want:
+                _disagrees(
+                    where + "sliding_windows",
+                    got,
+                    f"the layers' windows from 'layer_types' and 'sliding_window' are {want}",
+                )
+        if "causal" in scope:
+            causal = [config.layer_is_causal(i) for i in range(config.num_hidden_layers)]
+            if scope["causal"] not in (True, False) or any(c != scope["causal"] for c in causal):
+                _disagrees(
+                    where + "causal",
+                    scope["causal"],
+                    "SGLang ignores it; causality comes from 'layer_types' and 'is_causal', which make "
+                    f"the layers' attention causal {causal}",
+                )
+        original = config.rope.get("original_max_position_embeddings")  # gpt-oss: before YaRN
+        context = scope.get("initial_context_length")
+        if context is not None and original is not None and context != original:
+            why = f"the RoPE's original_max_position_embeddings is {original}"
+            _disagrees(where + "initial_context_length", context, why)
+        if "v_head_dim" in scope and scope["v_head_dim"] not in (None, 0, config.head_dim):
+            _disagrees(
+                where + "v_head_dim",
+                scope["v_head_dim"],
+                f"the draft's V heads are head_dim ({config.head_dim}) wide",
+            )
+    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None:
+        ids = config.target_layer_ids
+        if ids is None or _as_list(aux) != [i + 1 for i in ids]:
+            _disagrees(
+                "eagle_aux_hidden_state_layer_ids",
+                aux,
+                f"the layers captured for the draft are target_layer_ids + 1 ({[i + 1 for i in ids or ()]})",
+            )
+    if "eagle_aux_hidden_state_layer_ids" in dflash:
+        _disagrees(
+            "dflash_config.eagle_aux_hidden_state_layer_ids",
+            dflash["eagle_aux_hidden_state_layer_ids"],
+            "SGLang reads it at the top level only",
         )
 
 
-def _get(raw: dict, dflash: Any, key: str) -> Any:
-    if isinstance(dflash, dict) and key in dflash:
-        return dflash[key]
-    return raw.get(key)
+def _as_list(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _disagrees(name: str, value: Any, why: str) -> None:
+    raise RefusedCheckpoint(
+        f"draft config field {name!r} = {_short(value)} disagrees with the draft served: {why}; "
+        f"sglang-dflash would otherwise ignore it; {WAY_OUT}"
+    )
 
 
 def _short(value: Any) -> str:
