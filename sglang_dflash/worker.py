@@ -279,19 +279,23 @@ class DFlashWorker(BaseSpecWorker):
             proposed = Proposals(candidates[:, 1:])  # [bs, 0]
         else:
             with self.timer.phase("draft"):
-                # [bs, W] x2, [bs, W, H]
-                block_ids, positions, draft_hidden = self._draft(batch, width, host_lens, host_lens_exact)
+                # [bs, W] x2, [bs, Bd, H]
+                block_ids, positions, block_hidden = self._draft(batch, width, host_lens, host_lens_exact)
                 # With a grammar, its window ranks the draft's candidates by their logits.
                 grammar_rows = [req.grammar is not None for req in batch.reqs] if batch.has_grammar else None
                 inputs = ProposalInputs(block_ids[:, 0], positions, batch.sampling_info, grammar_rows)
-                proposed = self.runtime.proposer(draft_hidden, inputs)
+                if width < block_hidden.shape[1]:
+                    inputs.block_hidden = block_hidden
+                proposed = self.runtime.proposer(block_hidden[:, :width], inputs)
         proposals, draft_q = proposed.tokens, proposed.q  # [bs, W-1]; q: None for point masses
         grammar_mask = None
         if batch.has_grammar:
             with self.timer.phase("grammar"):
                 if grammar_barrier is not None:
                     grammar_barrier()  # the matchers first take in the previous step's tokens
-                proposals, grammar_mask = self.grammar_window(batch.reqs, proposals, proposed.logits)
+                proposals, grammar_mask = self.grammar_window(
+                    batch.reqs, proposals, proposed.logits, proposed.fallback
+                )
                 if draft_q is not None:  # a re-picked proposal is a point mass
                     draft_q = draft_q.pinned(proposals)
         del proposed  # its logits [bs, W-1, V] are not kept alive through the verify forward
@@ -369,8 +373,8 @@ class DFlashWorker(BaseSpecWorker):
         self, batch: ScheduleBatch, width: int, host_lens: torch.Tensor, host_lens_exact: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One draft forward over the full trained block -> the block's first W ids [bs, W]
-        (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states at
-        window positions 0..W-1 [bs, W, H] (read out into the proposals: `propose/proposers.py`)."""
+        (`[bonus, MASK ...]`), their positions [bs, W], and the draft's final hidden states over
+        the whole block [bs, Bd, H] (read out into the proposals: `propose/proposers.py`)."""
         draft_input: DFlashDraftInputV2 = batch.spec_info
         # [bs, Bd] x2, [bs, Bd, H]; `hidden` may be a graph's static output, which the target's
         # verify graph may overwrite (a shared pool): it is read before the verify.
@@ -382,7 +386,7 @@ class DFlashWorker(BaseSpecWorker):
             host_lens,
             host_lens_exact,
         )
-        return block_ids[:, :width], block_positions[:, :width], hidden[:, :width]
+        return block_ids[:, :width], block_positions[:, :width], hidden
 
     def _forward_idle(self, on_publish) -> GenerationBatchResult:
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)

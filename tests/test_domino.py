@@ -84,6 +84,33 @@ def test_rollout_equals_sglangs(shift, pool):
     assert not torch.equal(got.tokens, plain)  # the correction changes later slots
 
 
+def test_a_narrower_window_takes_the_blocks_pool():
+    """An adaptive width verifies W < B: the window's proposals are the first W-1 of SGLang's
+    rollout over the whole block, whose pool spans the block's slots (pool 4, W 4, B 7)."""
+    from sglang.srt.speculative.domino_utils import domino_greedy_rollout
+
+    gru, proj, theirs, embedding, lm_head, block, bonus = _projector(2)
+    pool, width = 4, 4
+    with torch.no_grad():
+        want = domino_greedy_rollout(
+            draft_hidden=block,
+            bonus_tokens=bonus,
+            target_embedding=embedding,
+            lm_head_weight=lm_head,
+            prefix_gru=theirs,
+            embed_proj=proj,
+            vocab_size=V,
+            shift_label=False,
+            candidate_pool_size=pool,
+            in_cuda_graph=False,
+        )[:, : width - 1]
+        proposer = _proposer(gru, proj, embedding, lm_head, False, pool)
+        got = proposer(block[:, :width], ProposalInputs(bonus, None, block_hidden=block))
+        window_pool = proposer(block[:, :width], ProposalInputs(bonus, None))
+    assert torch.equal(got.tokens, want)
+    assert not torch.equal(window_pool.tokens, want)  # a pool over the window alone differs
+
+
 @pytest.mark.parametrize("pool", [0, 16])
 def test_a_grammar_ranks_by_each_slots_corrected_logits(pool):
     gru, proj, _, embedding, lm_head, window, bonus = _projector(1)
@@ -96,6 +123,7 @@ def test_a_grammar_ranks_by_each_slots_corrected_logits(pool):
     if pool:  # slot 1 ranks the whole vocabulary, later slots their pool
         finite = torch.isfinite(ranked.logits).sum(-1)
         assert (finite[:, 0] == V).all() and (finite[:, 1:] == pool).all()
+        assert torch.equal(ranked.fallback, window[:, 1:] @ lm_head.T)  # past the pool: the head's
 
 
 def _sglang_reading(raw: dict):

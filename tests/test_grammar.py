@@ -194,6 +194,39 @@ def test_grammar_aware_proposals_are_the_masked_argmax(name, tokenizer):
     assert torch.equal(proposals[1], logits[1].argmax(-1))  # unconstrained request: untouched
 
 
+def test_proposals_ranked_among_a_few_candidates_fall_back_on_the_full_vocabulary(tokenizer):
+    """DFlash2 and Domino's pool rank a few candidates per slot (-inf elsewhere). Oracle, slot by
+    slot: the best legal candidate, else the argmax of the full logits under the mask. Slot 0 has
+    no legal candidate, so the fallback decides it, not one of the -inf tokens in the top-32."""
+    backend = _backend("xgrammar", tokenizer)
+    ids = _tokens(tokenizer, TEXT)
+    width, k = 5, 4
+    gen = torch.Generator().manual_seed(1)
+    full = torch.randn(1, width - 1, VOCAB, generator=gen)
+    digits = _mask_after(backend, ids[:2])[None].numpy()  # after "no-": a digit must follow
+    full[0, 0, [t for t in range(VOCAB) if allows(digits, 0, t)]] -= 100.0  # none among the top-K
+    top = full.topk(k, dim=-1)
+    ranked = torch.full_like(full, float("-inf")).scatter_(2, top.indices, torch.randn(top.values.shape))
+    reqs = _batch(backend, tokenizer, [ids[:2]])
+    window = GrammarWindow(propose=True, vocab_size=VOCAB)
+    proposals, _ = window(reqs, ranked.argmax(-1), ranked, full)
+
+    assert window.full_vocab_choices >= 1
+    history = ids[:2]
+    for t in range(width - 1):
+        row = _mask_after(backend, history)[None].numpy()
+        order = ranked[0, t].argsort(descending=True)[:k].tolist()
+        legal = [token for token in order if allows(row, 0, token)]
+        if legal:
+            want = legal[0]
+        else:
+            masked = full[0, t].clone()
+            reqs[0].grammar.apply_vocab_mask(logits=masked[None], vocab_mask=torch.from_numpy(row))
+            want = int(masked.argmax())
+        assert int(proposals[0, t]) == want, t
+        history = history + [want]
+
+
 def test_the_walk_crosses_the_end_of_thinking(tokenizer):
     """SGLang's reasoning-parser wrapper: rows before the think-end token are unconstrained, the
     rows after it are the grammar's, and rolling back across the boundary reopens thinking.

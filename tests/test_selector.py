@@ -109,7 +109,9 @@ def test_selector_proposer_walks_the_heads_top_k():
     """Greedy requests get the argmax walk over the head's top-K; sampled ones a draw with q."""
     gen = torch.Generator().manual_seed(3)
     lm_head = torch.randn(V, H, generator=gen)
-    head = SimpleNamespace(vocab_size=V, topk=lambda hidden, k: (hidden @ lm_head.T).topk(k, dim=-1))
+    head = SimpleNamespace(
+        vocab_size=V, topk=lambda hidden, k: (hidden @ lm_head.T).topk(k, dim=-1), logits=lambda h: h @ lm_head.T
+    )
     selector = CandidateSelector(H, V, RANK, K)
     for p in selector.parameters():
         p.data.copy_(torch.randn(p.shape, generator=gen))
@@ -141,6 +143,8 @@ def test_selector_proposer_walks_the_heads_top_k():
         assert ranked.logits.shape == (2, slots, V)
         assert torch.equal(torch.isfinite(ranked.logits).sum(-1), torch.full((2, slots), K))
         assert torch.equal(ranked.logits.argmax(-1), ranked.tokens)
+        # past the K candidates the grammar falls back on the head's logits over the vocabulary
+        assert torch.equal(ranked.fallback, hidden[:, :slots] @ lm_head.T)
     sampled = proposer(window, ProposalInputs(anchor, positions, info))
     assert torch.equal(sampled.tokens[0], want[0])  # the greedy request
     assert sampled.q is not None and torch.allclose(sampled.q.probs.sum(-1), torch.ones(2, SLOTS))

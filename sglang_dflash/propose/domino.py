@@ -13,8 +13,9 @@ embedding E:
 
 `embed_proj` is Linear(H + g -> e), SiLU, Linear(e -> V). With a candidate pool of P tokens
 (0 < P < V, `--speculative-domino-candidate-pool-size`, SGLang's default 2048) the argmax of
-slots 2..n runs over one pool per request: the P tokens with the highest base logit over those
-slots. Every proposal is a deterministic function of the step's state (a point mass), so the
+slots 2..n runs over one pool per request: the P tokens with the highest base logit over the
+trained block's slots 2..B-1, also when the step verifies a narrower window (n < B-1), so that
+the window's proposals are the first n of SGLang's rollout over the block. Every proposal is a deterministic function of the step's state (a point mass), so the
 plain verify stays exact.
 
 The rollout is sequential in the slot: one batched iteration per slot (n = W - 1, at most 15
@@ -64,10 +65,13 @@ def rollout(
     embed_proj: nn.Sequential,
     pool_size: int,
     with_scores: bool = False,
+    pool_logits: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """base [bs, n, V] (the LM head over z), z [bs, n, H], bonus [bs] -> proposals [bs, n] int64,
     and with `with_scores` each slot's corrected logits [bs, n, V] (-inf outside the pool), which a
-    grammar ranks its candidates by."""
+    grammar ranks its candidates by. pool_logits [bs, m, V], m >= n: the base logits the pool is
+    chosen over, slots 2..m (default `base`); a window narrower than the trained block passes the
+    whole block's, so its pool is the one SGLang's rollout over the block uses."""
     bs, n, vocab = base.shape
     first = torch.argmax(base[:, 0], dim=-1)  # [bs]
     proposals = [first]
@@ -76,8 +80,9 @@ def rollout(
         return first[:, None], _stacked(scores)
     pool = None
     if 0 < pool_size < vocab:
-        # [bs, P]: the tokens with the best base logit over slots 2..n, shared by those slots.
-        pool = torch.topk(base[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
+        # [bs, P]: the tokens with the best base logit over slots 2..m, shared by those slots.
+        over = base if pool_logits is None else pool_logits  # [bs, m, V]
+        pool = torch.topk(over[:, 1:].amax(dim=1), k=pool_size, dim=-1, sorted=False).indices
         pool_base = base.gather(2, pool[:, None, :].expand(bs, n, pool_size))  # [bs, n, P]
         pool_weight = embed_proj[2].weight[pool]  # [bs, P, e]: the pool's rows of the last Linear
     h = gru.weight_ih_l0.new_zeros(bs, gru.hidden_size)

@@ -36,8 +36,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# How many of the draft's best tokens per position are copied to the host for the proposal walk.
-# When none of them is legal the worker takes the masked argmax over the whole vocabulary.
+# How many of the draft's best tokens per position are copied to the host for the proposal walk
+# (fewer where the draft ranks fewer: a DFlash2 slot's K candidates, a Domino slot's pool). When
+# none of them is legal the worker takes the masked argmax over the whole vocabulary.
 DRAFT_TOP_K = 32
 
 
@@ -134,11 +135,15 @@ class GrammarWindow:
         reqs: Sequence,
         proposals: torch.Tensor,
         draft_logits: Optional[torch.Tensor],
+        fallback_logits: Optional[torch.Tensor] = None,
     ):
         """reqs: the batch's SGLang `Req`s; proposals [bs, W-1] the draft's argmax tokens;
-        draft_logits [bs, W-1, V] (needed with `propose` when W > 1). Returns (proposals [bs, W-1], with the
-        grammar requests' rows replaced by legal ones when `propose`; SGLang `GrammarMask` over the
-        [bs * W] verify rows, or None when no request in the batch is constrained)."""
+        draft_logits [bs, W-1, V] (needed with `propose` when W > 1): the scores that rank each
+        slot's candidates, -inf where a token is no candidate; fallback_logits [bs, W-1, V]: the
+        full vocabulary's, for a slot none of whose candidates is legal (None: draft_logits are
+        finite everywhere). Returns (proposals [bs, W-1], with the grammar requests' rows
+        replaced by legal ones when `propose`; SGLang `GrammarMask` over the [bs * W] verify
+        rows, or None when no request in the batch is constrained)."""
         from sglang.srt.constrained.base_grammar_backend import GrammarMask
 
         rows = [i for i, req in enumerate(reqs) if _constrained(req)]
@@ -152,13 +157,15 @@ class GrammarWindow:
         index = torch.tensor(rows, device=proposals.device)
         propose = self.propose and width > 1  # a window of one row (W = 1) has no proposal
         if propose:
-            candidates = draft_logits[index].topk(min(DRAFT_TOP_K, draft_logits.shape[-1]), dim=-1)
-            candidates = candidates.indices.cpu().tolist()  # [n, B-1, K]
+            top = draft_logits[index].topk(min(DRAFT_TOP_K, draft_logits.shape[-1]), dim=-1)
+            # [n, B-1, K]; -1 marks a place past the slot's candidates (a -inf score)
+            candidates = top.indices.masked_fill(top.values == float("-inf"), -1).cpu().tolist()
         else:
             candidates = proposals[index].cpu().tolist()  # [n, B-1]
+        full = draft_logits if fallback_logits is None else fallback_logits
         chosen = []
         for n, i in enumerate(rows):
-            choose = self._chooser(candidates[n], draft_logits, i, mask, grammar, propose)
+            choose = self._chooser(candidates[n], full, i, mask, grammar, propose)
             chosen.append(walk_window(reqs[i].grammar, mask, i * width, width, choose))
 
         if propose:
@@ -170,18 +177,18 @@ class GrammarWindow:
             proposals[index] = fixed.to(proposals.device, non_blocking=True)
         return proposals, GrammarMask(grammar, _to_device(grammar, mask, proposals.device))
 
-    def _chooser(self, candidates, draft_logits, i, mask, grammar, propose) -> Callable[[int, int], int]:
+    def _chooser(self, candidates, full_logits, i, mask, grammar, propose) -> Callable[[int, int], int]:
         if not propose:
             return lambda t, row: candidates[t - 1]
         view = mask.numpy()
 
         def best_legal(t: int, row: int) -> int:
             for token in candidates[t - 1]:
-                if allows(view, row, token):
+                if token >= 0 and allows(view, row, token):
                     return token
-            # None of the top-K is legal: the masked argmax over the whole vocabulary.
+            # None of the candidates is legal: the masked argmax over the whole vocabulary.
             self.full_vocab_choices += 1
-            logits = draft_logits[i, t - 1 : t].float().clone()  # [1, V]
+            logits = full_logits[i, t - 1 : t].float().clone()  # [1, V]
             grammar.apply_vocab_mask(
                 logits=logits, vocab_mask=_to_device(grammar, mask[row : row + 1], logits.device)
             )

@@ -33,6 +33,9 @@ class Proposals:
     tokens: torch.Tensor  # [bs, W-1] int64: d1 .. d_{W-1}
     logits: Optional[torch.Tensor] = None  # [bs, W-1, V]: when a grammar ranks the candidates
     q: Optional[DraftQ] = None  # when some proposals were sampled; None: all point masses
+    # [bs, W-1, V]: the full vocabulary's logits, for a grammar slot where none of the ranked
+    # candidates (the finite `logits`) is legal. None: `logits` is finite over the whole vocabulary.
+    fallback: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -43,6 +46,9 @@ class ProposalInputs:
     positions: torch.Tensor  # [bs, W] the window's absolute positions
     sampling_info: Any = None  # SGLang's SamplingBatchInfo; None: every request greedy
     grammar_rows: Optional[list[bool]] = None  # per request; None: no grammar in the batch
+    # [bs, Bd, H]: the whole trained block's final hidden states when the window is narrower
+    # (W < Bd); Domino's candidate pool spans the block, as SGLang's. None: the window is the block.
+    block_hidden: Optional[torch.Tensor] = None
 
     @property
     def with_logits(self) -> bool:
@@ -97,10 +103,11 @@ class SelectorProposer:
         if not sampled:  # every request walks the argmax
             uniforms = torch.zeros(bs, hidden.shape[1], device=hidden.device)
         tokens, q = walk(candidate_ids, scores, uniforms, temperatures, greedy)
-        logits = None
-        if inputs.with_logits:  # the grammar ranks slot e's candidates by the walk's row there
+        logits = fallback = None
+        if inputs.with_logits:  # the grammar ranks slot e's candidates by the walk's row there,
             logits = _candidate_logits(candidate_ids, scores, tokens, self.head.vocab_size)
-        return Proposals(tokens, logits, DraftQ(candidate_ids, q) if sampled else None)
+            fallback = self.head.logits(hidden)  # [bs, W-1, V]; and the head's, past them
+        return Proposals(tokens, logits, DraftQ(candidate_ids, q) if sampled else None, fallback)
 
     def _walk_params(self, inputs: ProposalInputs, bs: int, slots: int, device):
         """Per request: the walk's temperature [bs], greedy [bs] bool, uniforms [bs, W-1] (None
@@ -149,25 +156,32 @@ class DominoProposer:
         self.head = head
         self.shift = draft_model.config.shift_label
         self.pool_size = pool_size
-        pooled = 0 < pool_size < head.vocab_size
-        pool = f"a candidate pool of {pool_size}" if pooled else "the full vocabulary"
+        self.pooled = 0 < pool_size < head.vocab_size
+        pool = f"a candidate pool of {pool_size}" if self.pooled else "the full vocabulary"
         rows = "rows 0..W-2 (shift_label)" if self.shift else "rows 1..W-1"
         self.name = f"Domino rollout (greedy over {pool}; draft {rows})"
 
     def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
-        z = hidden[:, :-1] if self.shift else hidden[:, 1:]  # [bs, W-1, H]
-        base = self.head.logits(z)  # [bs, W-1, V], the full vocabulary on every rank
+        slots = hidden.shape[1] - 1  # W-1 proposals
+        block = hidden
+        if self.pooled and inputs.block_hidden is not None:
+            block = inputs.block_hidden  # [bs, Bd, H]: the pool spans the block, not the window
+        z = block[:, :-1] if self.shift else block[:, 1:]  # [bs, Bd-1, H]
+        base = self.head.logits(z)  # [bs, Bd-1, V], the full vocabulary on every rank
         tokens, scores = domino.rollout(
-            base,
-            z,
+            base[:, :slots],
+            z[:, :slots],
             inputs.anchor,
             self.head.embed,
             self.gru,
             self.embed_proj,
             self.pool_size,
             with_scores=inputs.with_logits,
+            pool_logits=base,
         )
-        return Proposals(tokens, scores)
+        # Under a grammar: slots ranked by their pool's corrected logits, then by the head's.
+        fallback = base[:, :slots] if self.pooled and inputs.with_logits else None
+        return Proposals(tokens, scores, fallback=fallback)
 
 
 def proposer_for(draft_model, head, domino_pool_size: int = domino.DEFAULT_POOL_SIZE) -> Proposer:
