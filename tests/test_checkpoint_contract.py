@@ -77,7 +77,6 @@ CONFIG_CASES = [
         "declares a Nemotron-3.5 draft",
         id="nemotron-3.5",  # named as SGLang detects it (is_nemotron_35_draft_config)
     ),
-    pytest.param(_dc(use_swa=True, swa_window_size=64), "a sliding window over the context", id="mimo-swa"),
     pytest.param(
         _dc(lilicorr_candidate_topk=4),
         "'dflash_config.lilicorr_candidate_topk' = 4 declares LiLiCorr",

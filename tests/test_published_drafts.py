@@ -40,10 +40,12 @@ SERVED = [
     "z-lab__gpt-oss-20b-DFlash",  # GptOssConfig's alternating 128-token windows and YaRN
     "poolside__Laguna-S-2.1-DFlash",  # LagunaConfig; sliding_windows, draft_vocab_size, causal
     "poolside__Laguna-XS-2.1-DFlash",
+    "XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash",  # sinks, V scale, half RoPE; its window below
 ]
+# Where we serve what the checkpoint was trained with and SGLang's built-in does not: MiMo's
+# `use_swa` window on every layer (SGLang ignores it; vLLM applies it), as (window, causal) per layer.
+DEPARTURES = {"XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash": {"layers": [(1024, False)] * 5}}
 REFUSED = {
-    # MiMo's window over the context: SGLang's draft ignores use_swa and swa_window_size.
-    "XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash": "'dflash_config.use_swa' = True declares a sliding",
     # Its own embedding; as published (with the NVFP4 block put back), a Nemotron-3.5 draft.
     "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash": "declares the draft's own token embedding",
 }
@@ -179,8 +181,34 @@ def test_published_drafts_are_served_as_sglang_reads_them(name, tmp_path):
     raw = published(name)
     theirs, sglang_rope = sglang_reading(copy.deepcopy(raw), tmp_path)
     ours, config = our_reading(raw)
+    for key, ours_only in DEPARTURES.get(name, {}).items():
+        assert ours[key] == ours_only and theirs[key] != ours_only
+        theirs[key] = ours_only
     assert ours == theirs
     assert rope_gap(sglang_rope, config) < 1e-5
+
+
+def test_mimos_window_is_applied_named_and_checked():
+    """`dflash_config.use_swa`: every layer windowed to `swa_window_size`, non-causal as before
+    (vLLM's reading, `draft/attention.visibility` gives both sides), named at start-up; `use_swa`
+    false or absent leaves the layers alone; a window without its size, or beside sliding
+    `layer_types`, is refused by name."""
+    raw = published("XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash")
+    config = DFlashDraftConfig.from_dict(copy.deepcopy(raw))
+    assert any("windowed to 1024 (use_swa" in option for option in config.options_in_use())
+    raw["dflash_config"]["use_swa"] = False
+    plain = DFlashDraftConfig.from_dict(copy.deepcopy(raw))
+    assert [plain.layer_window(i) for i in range(5)] == [None] * 5 and plain.swa_window is None
+    raw["dflash_config"].update(use_swa=True, swa_window_size=None)
+    with pytest.raises(CheckpointError, match="'dflash_config.use_swa' is true without 'swa_window_size'"):
+        DFlashDraftConfig.from_dict(copy.deepcopy(raw))
+    raw["dflash_config"]["swa_window_size"] = 1024
+    raw.update(use_sliding_window=True, layer_types=["sliding_attention"] * 5)
+    with pytest.raises(CheckpointError, match="both 'dflash_config.use_swa'"):
+        DFlashDraftConfig.from_dict(copy.deepcopy(raw))
+    qwen3 = _qwen3(use_swa=True)  # at the top level, where no implementation reads it
+    with pytest.raises(CheckpointError, match="'use_swa' = True declares MiMo's sliding window at the top level"):
+        DFlashDraftConfig.from_dict(qwen3)
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -3,7 +3,7 @@ engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged K
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
 "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
-embedding, MiMo's attention sinks and value scale, and grouped convolution, and "dflash2" a
+embedding, MiMo's attention sinks, value scale and window on every layer, and grouped convolution, and "dflash2" a
 DFlash2 draft whose proposals walk its candidate selector, and "domino" a draft whose proposals
 roll out through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated
 attention, per-slice feature norms; the llama target's plain outputs are shared).
@@ -79,10 +79,12 @@ def _target(tiny, family):
 def _with_draft_options(config: dict) -> None:
     config.update(DRAFT_OPTIONS)
     config["dflash_config"].update(attention_sink_bias=True, attention_value_scale=0.75)  # MiMo's
+    config["dflash_config"].update(use_swa=True, swa_window_size=SWA_WINDOW)  # and its window
     config["dflash_config"].update(conv_kernel_size=CONV_TAPS, conv_group_size=CONV_GROUP)
 
 
 CONV_TAPS, CONV_GROUP = 3, 16
+SWA_WINDOW = 20  # longer than the block (16), shorter than the contexts: the layers see 20 positions
 
 
 def _add_option_tensors(draft: str) -> None:

@@ -96,6 +96,26 @@ def _check_layer_types(layer_types: Any, num_layers: int) -> None:
         )
 
 
+def parse_swa(dflash: dict, layer_types) -> Optional[int]:
+    """MiMo's `dflash_config.use_swa` with `swa_window_size` W: the checkpoint was trained with
+    every layer a sliding one of window W, non-causal as its layers were: a query sees keys
+    fewer than W positions before or after its own (`draft/attention.visibility`). vLLM serves it
+    so (its MiMo draft: left and right windows of W - 1); SGLang's built-in ignores both keys and
+    attends the whole context. Returns W, or None without `use_swa` (a lone `swa_window_size` is
+    read by no implementation then)."""
+    if not bool_field("dflash_config.use_swa", dflash.get("use_swa", False)):
+        return None
+    window = dflash.get("swa_window_size")
+    if window is None:
+        raise CheckpointError("draft config field 'dflash_config.use_swa' is true without 'swa_window_size'")
+    if "sliding_attention" in layer_types:
+        raise CheckpointError(
+            "draft config declares both 'dflash_config.use_swa' (a window on every layer) and "
+            f"sliding layers in 'layer_types' ({list(layer_types)}); sglang-dflash serves one or the other"
+        )
+    return int_field("dflash_config.swa_window_size", window, minimum=1)
+
+
 @dataclass(frozen=True)
 class DFlashDraftConfig:
     """Everything the draft network and the worker need from `config.json`."""
@@ -137,6 +157,9 @@ class DFlashDraftConfig:
     # by a constant for the block and the context alike.
     attention_sink_bias: bool = False
     attention_value_scale: Optional[float] = None
+    # MiMo's `use_swa` window (`parse_swa`), already applied to `layer_types` and
+    # `sliding_window`; kept to name it at start-up. None: not declared.
+    swa_window: Optional[int] = None
     # Grouped dynamic convolution (DFlash2's backbone, on any class; dflash_config only): each
     # layer's two sublayers convolve their input and output over the block's previous
     # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
@@ -189,6 +212,8 @@ class DFlashDraftConfig:
             options.append(f"Laguna attention gate ({self.gating})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
+        if scope == "all" and self.swa_window is not None:
+            options.append(f"every layer windowed to {self.swa_window} (use_swa; SGLang's built-in ignores it)")
         if scope != "context_kv" and self.conv_kernel_size:
             options.append(
                 f"grouped convolution ({self.conv_kernel_size} taps, groups of {self.conv_group_size})"
@@ -367,6 +392,11 @@ class DFlashDraftConfig:
             is_causal = False  # the class default of SGLang's MuseGlimmerAssistantConfig
         if is_causal is not None:
             bool_field("is_causal", is_causal)
+        swa_window = parse_swa(dflash, layer_types)
+        if swa_window is not None:  # every layer windowed; each keeps its causality
+            if is_causal is None:
+                is_causal = False  # the layers were all full (non-causal) before the window
+            layer_types, sliding_window = ["sliding_attention"] * num_layers, swa_window
 
         scale = number_field("input_embedding_scale", get("input_embedding_scale", 1.0))
         vocab_size = model("vocab_size")
@@ -404,6 +434,7 @@ class DFlashDraftConfig:
             **domino,
             gating=gating,
             attention_value_scale=value_scale,
+            swa_window=swa_window,
             max_position_embeddings=int(model("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,

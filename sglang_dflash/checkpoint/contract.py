@@ -108,12 +108,11 @@ REFUSED_KEYS: dict[str, Declares] = {
     # The draft's own token embedding: SGLang uses it only for a draft it detects as Nemotron-3.5,
     # and skips its tensors otherwise.
     "has_embed_tokens": Declares("the draft's own token embedding (Nemotron-3.5 style)", _falsy),
-    # MiMo's drafts: a window over the context they were trained with, which SGLang's draft does
-    # not apply (it reads `swa_window_size` for Nemotron-3.5 drafts only, and `use_swa` never).
-    "use_swa": Declares("a sliding window over the context (use_swa; SGLang's built-in ignores it)", _falsy),
-    "swa_window_size": Declares(
-        "a sliding window over the context (swa_window_size; SGLang's built-in ignores it)", _absent
-    ),
+    # MiMo's window switch is read from dflash_config (`config.py`, `use_swa`), as vLLM reads it.
+    **{
+        key: Declares("MiMo's sliding window at the top level (read from dflash_config)", _absent, top_level_only=True)
+        for key in ("use_swa", "swa_window_size")
+    },
     "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),
     # DFlash2's candidate selector head (served on its classes).
     "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
@@ -171,6 +170,7 @@ PARSED_KEYS = frozenset(
         "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
         "swiglu_alpha", "swiglu_limit",
         "projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim",
+        "use_swa", "swa_window_size",
     }
 )  # fmt: skip
 
@@ -184,8 +184,10 @@ METADATA_KEYS = frozenset(
         "attention_dropout", "initializer_range", "pretraining_tp", "has_lm_head",
         # Qwen3's sliding-window switches, which its config class applies (`config_class.py`).
         "use_sliding_window", "max_window_layers",
-        # Training settings (MiMo's drafts): the anchors per sequence, the loss's decay.
-        "num_anchors", "loss_decay_gamma",
+        # Training settings (MiMo's drafts): the anchors per sequence, the loss's decay, and the
+        # target's RoPE base, recorded beside the draft's own (`rope_theta`). No serving
+        # implementation reads it (vLLM's and SGLang's MiMo drafts; llama.cpp copies it as metadata).
+        "num_anchors", "loss_decay_gamma", "backbone_rotary_base",
     }
 )  # fmt: skip
 
