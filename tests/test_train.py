@@ -624,6 +624,39 @@ def test_autocast_setting(files, tmp_path):
         _config(files, str(tmp_path / "bad"), autocast="fp8")
 
 
+def test_ranks_share_the_evaluation(files, tmp_path):
+    """Under torchrun every rank evaluates its share (batches r, r + N, ...; prompts likewise) and
+    the all-reduce sums them. Oracle: one process's evaluation of everything, which the two
+    shares add up to; a rank that evaluated everything alone would count every example twice."""
+    import json
+
+    from sglang_dflash.train.ranks import Ranks
+
+    prompts = tmp_path / "prompts.jsonl"
+    records = [{"input_ids": list(range(5 + i, 25 + i)), "loss_mask": [0] * 10 + [1] * 10} for i in range(3)]
+    prompts.write_text("\n".join(json.dumps(r) for r in records))
+    trainer = _trainer(_config(files, str(tmp_path / "out"), eval_data=files["eval"], eval_prompts=str(prompts)))
+    examples = trainer.eval_examples[:9]  # batches of 4: [0..3], [4..7], [8]
+    whole, whole_tau = trainer.evaluate(examples).as_vector(), trainer.served_tau()
+
+    sums = []
+
+    class StandIn(Ranks):  # two ranks in one process: each share is recorded, then added here
+        def sum_(self, tensor):
+            sums.append(tensor.clone())
+            return tensor
+
+    for rank in (0, 1):
+        trainer.ranks = StandIn(rank=rank, world=2)
+        trainer.evaluate(examples)
+        trainer.served_tau()
+    eval0, tau0, eval1, tau1 = sums
+    torch.testing.assert_close(eval0 + eval1, whole, rtol=0, atol=1e-9)
+    tokens, steps = (tau0 + tau1).tolist()
+    assert tokens / steps == pytest.approx(whole_tau)
+    assert min(eval0.sum(), eval1.sum(), tau0[1], tau1[1]) > 0  # each rank took a share
+
+
 def test_training_on_greedy_continuations_raises_accuracy(files, tmp_path):
     """A few dozen steps on the target's own greedy continuations, judged on held-out prompts."""
     cfg = _config(

@@ -263,23 +263,29 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, examples: list[data.Example], seed: int = 1234) -> Metrics:
-        """Metrics over `examples` in order, with anchors fixed by `seed` (comparable across calls)."""
+        """Metrics over `examples` in order, with anchors fixed by `seed` (comparable across calls).
+
+        Shared by the ranks, every rank calling it: rank r takes batches r, r + world, ... and
+        one all-reduce sums their metrics. So no rank waits in a collective through another's
+        long evaluation (NCCL's default timeout is 10 minutes). Each example's anchors are keyed
+        by its index, so the result is the same whatever the number of ranks."""
         self.draft.eval()
         size = self.cfg.batch_size
         merged = Metrics.empty(self.cfg.block_size - 1, self.device)
-        for lo in range(0, len(examples), size):
+        starts = range(self.ranks.rank * size, len(examples), self.ranks.world * size)
+        for lo in starts:
             batch = data.collate(examples[lo : lo + size], self.tokenizer.pad_token_id)
             keys = [data.anchor_key(seed, 0, i) for i in range(lo, lo + len(batch.lengths))]
             with self._autocast():
                 _, metrics = self.objective(self.draft, self.target, batch.to(self.device), keys)
             merged = merged.merge(metrics)
-        return merged
+        return merged.from_vector(self.ranks.sum_(merged.as_vector()))
 
     def fit(self) -> None:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        main = self.ranks.is_main  # rank 0 logs, evaluates, saves and exports
+        main = self.ranks.is_main  # rank 0 logs, saves and exports
         # A resumed run appends; its first records redo the steps after the checkpoint.
         log = open(os.path.join(cfg.out, "train_log.jsonl"), "a" if cfg.resume else "w") if main else None
         bar = tqdm(
@@ -292,13 +298,15 @@ class Trainer:
                 metrics, throughput = self.train_step()
                 bar.update(1)
                 bar.set_postfix_str(format_metrics(metrics))
+                evaluated = {}  # every rank evaluates its share
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    evaluated = self._evaluations(metrics)
                 if not main:
                     continue
                 record = {"step": self.step, "lr": lr, **metrics.summary(), "throughput": throughput}
                 if self.device.type == "cuda":  # the allocator's peak so far, this process
                     record["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20)
-                if cfg.eval_every and self.step % cfg.eval_every == 0:
-                    record.update(self._evaluations(metrics))
+                record.update(evaluated)
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 if cfg.save_every and self.step % cfg.save_every == 0:
@@ -307,9 +315,9 @@ class Trainer:
             bar.close()
             if log is not None:
                 log.close()
+        final = self._evaluations(metrics)  # every rank evaluates its share
         if main:
             self.export(cfg.out)
-            final = self._evaluations(metrics)
             if "eval" in final:
                 logger.info("eval: loss=%.3f tau=%.2f", final["eval"]["loss"], final["eval"]["tau"])
             if "tau_served" in final:
@@ -327,7 +335,8 @@ class Trainer:
             forced = record["eval"]["tau"] if "eval" in record else None
             if forced is None and train_metrics is not None:
                 forced = train_metrics.acceptance_length
-            if forced is not None and record["tau_served"] < SERVED_GAP * forced:
+            low = forced is not None and record["tau_served"] < SERVED_GAP * forced
+            if low and self.ranks.is_main:
                 logger.warning(
                     "step %d: served acceptance %.2f is below %.0f%% of the teacher-forced %.2f: the "
                     "draft scores well on the true context but not on its own (check the chat "
@@ -341,12 +350,13 @@ class Trainer:
 
     @torch.no_grad()
     def served_tau(self) -> float:
-        """Mean tokens committed per step over `--eval-prompts`, greedy, with the live draft."""
+        """Mean tokens committed per step over `--eval-prompts`, greedy, with the live draft;
+        shared by the ranks as `evaluate` is (rank r takes prompts r, r + world, ...)."""
         from sglang_dflash.train.served import speculative_generate
 
         self.draft.eval()
         committed = []
-        for prompt in self.eval_prompts:
+        for prompt in self.eval_prompts[self.ranks.rank :: self.ranks.world]:
             with self._autocast():
                 served = speculative_generate(
                     self.draft,
@@ -357,7 +367,10 @@ class Trainer:
                     self.raw_config["dflash_config"]["mask_token_id"],
                 )
             committed += served.committed
-        return sum(committed) / max(1, len(committed))
+        # [tokens, steps] summed over the ranks (float64 on the training device: NCCL's)
+        total = torch.tensor([sum(committed), len(committed)], dtype=torch.float64, device=self.device)
+        tokens, steps = self.ranks.sum_(total).tolist()
+        return tokens / max(1.0, steps)
 
     # --------------------------------------------------------------------- persistence
 
