@@ -56,25 +56,30 @@ def _proposer(gru, proj, embedding, lm_head, shift: bool, pool: int) -> DominoPr
     return DominoProposer(model, head, pool)
 
 
+def _sglang_rollout(theirs, proj, embedding, lm_head, block, bonus, shift: bool, pool: int):
+    """SGLang 0.5.23's proposals over the draft's hidden states of the whole block [bs, B, H]."""
+    from sglang.srt.speculative.domino_utils import domino_greedy_rollout
+
+    return domino_greedy_rollout(
+        draft_hidden=block,
+        bonus_tokens=bonus,
+        target_embedding=embedding,
+        lm_head_weight=lm_head,
+        prefix_gru=theirs,
+        embed_proj=proj,
+        vocab_size=V,
+        shift_label=shift,
+        candidate_pool_size=pool,
+        in_cuda_graph=False,
+    )
+
+
 @pytest.mark.parametrize("shift", [False, True], ids=["rows-1-on", "shift-label"])
 @pytest.mark.parametrize("pool", [0, 16, V], ids=["full-vocab", "pool-16", "pool-V"])
 def test_rollout_equals_sglangs(shift, pool):
-    from sglang.srt.speculative.domino_utils import domino_greedy_rollout
-
     gru, proj, theirs, embedding, lm_head, window, bonus = _projector()
     with torch.no_grad():
-        want = domino_greedy_rollout(
-            draft_hidden=window,
-            bonus_tokens=bonus,
-            target_embedding=embedding,
-            lm_head_weight=lm_head,
-            prefix_gru=theirs,
-            embed_proj=proj,
-            vocab_size=V,
-            shift_label=shift,
-            candidate_pool_size=pool,
-            in_cuda_graph=False,
-        )
+        want = _sglang_rollout(theirs, proj, embedding, lm_head, window, bonus, shift, pool)
         got = _proposer(gru, proj, embedding, lm_head, shift, pool)(window, ProposalInputs(bonus, None))
         z = window[:, :-1] if shift else window[:, 1:]
         plain = (z @ lm_head.T).argmax(-1)
@@ -87,23 +92,10 @@ def test_rollout_equals_sglangs(shift, pool):
 def test_a_narrower_window_takes_the_blocks_pool():
     """An adaptive width verifies W < B: the window's proposals are the first W-1 of SGLang's
     rollout over the whole block, whose pool spans the block's slots (pool 4, W 4, B 7)."""
-    from sglang.srt.speculative.domino_utils import domino_greedy_rollout
-
     gru, proj, theirs, embedding, lm_head, block, bonus = _projector(2)
     pool, width = 4, 4
     with torch.no_grad():
-        want = domino_greedy_rollout(
-            draft_hidden=block,
-            bonus_tokens=bonus,
-            target_embedding=embedding,
-            lm_head_weight=lm_head,
-            prefix_gru=theirs,
-            embed_proj=proj,
-            vocab_size=V,
-            shift_label=False,
-            candidate_pool_size=pool,
-            in_cuda_graph=False,
-        )[:, : width - 1]
+        want = _sglang_rollout(theirs, proj, embedding, lm_head, block, bonus, False, pool)[:, : width - 1]
         proposer = _proposer(gru, proj, embedding, lm_head, False, pool)
         got = proposer(block[:, :width], ProposalInputs(bonus, None, block_hidden=block))
         window_pool = proposer(block[:, :width], ProposalInputs(bonus, None))
