@@ -207,7 +207,8 @@ def test_mimos_window_is_applied_named_and_checked():
     with pytest.raises(CheckpointError, match="both 'dflash_config.use_swa'"):
         DFlashDraftConfig.from_dict(copy.deepcopy(raw))
     qwen3 = _qwen3(use_swa=True)  # at the top level, where no implementation reads it
-    with pytest.raises(CheckpointError, match="'use_swa' = True declares MiMo's sliding window at the top level"):
+    words = "'use_swa' = True declares MiMo's sliding window at the top level"
+    with pytest.raises(CheckpointError, match=words):
         DFlashDraftConfig.from_dict(qwen3)
 
 

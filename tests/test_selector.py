@@ -110,7 +110,9 @@ def test_selector_proposer_walks_the_heads_top_k():
     gen = torch.Generator().manual_seed(3)
     lm_head = torch.randn(V, H, generator=gen)
     head = SimpleNamespace(
-        vocab_size=V, topk=lambda hidden, k: (hidden @ lm_head.T).topk(k, dim=-1), logits=lambda h: h @ lm_head.T
+        vocab_size=V,
+        topk=lambda hidden, k: (hidden @ lm_head.T).topk(k, dim=-1),
+        logits=lambda hidden: hidden @ lm_head.T,
     )
     selector = CandidateSelector(H, V, RANK, K)
     for p in selector.parameters():

@@ -3,10 +3,11 @@ engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged K
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
 "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
-embedding, MiMo's attention sinks, value scale and window on every layer, and grouped convolution, and "dflash2" a
-DFlash2 draft whose proposals walk its candidate selector, and "domino" a draft whose proposals
-roll out through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated
-attention, per-slice feature norms; the llama target's plain outputs are shared).
+embedding, MiMo's attention sinks, value scale and window on every layer, and grouped
+convolution, and "dflash2" a DFlash2 draft whose proposals walk its candidate selector, and
+"domino" a draft whose proposals roll out through Domino's projector over a candidate pool,
+and "laguna" a Laguna draft (gated attention, per-slice feature norms; the llama target's
+plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the

@@ -635,7 +635,8 @@ def test_ranks_share_the_evaluation(files, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     records = [{"input_ids": list(range(5 + i, 25 + i)), "loss_mask": [0] * 10 + [1] * 10} for i in range(3)]
     prompts.write_text("\n".join(json.dumps(r) for r in records))
-    trainer = _trainer(_config(files, str(tmp_path / "out"), eval_data=files["eval"], eval_prompts=str(prompts)))
+    cfg = _config(files, str(tmp_path / "out"), eval_data=files["eval"], eval_prompts=str(prompts))
+    trainer = _trainer(cfg)
     examples = trainer.eval_examples[:9]  # batches of 4: [0..3], [4..7], [8]
     whole, whole_tau = trainer.evaluate(examples).as_vector(), trainer.served_tau()
 

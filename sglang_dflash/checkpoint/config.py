@@ -213,7 +213,8 @@ class DFlashDraftConfig:
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
         if scope == "all" and self.swa_window is not None:
-            options.append(f"every layer windowed to {self.swa_window} (use_swa; SGLang's built-in ignores it)")
+            window = self.swa_window
+            options.append(f"every layer windowed to {window} (use_swa; SGLang's built-in ignores it)")
         if scope != "context_kv" and self.conv_kernel_size:
             options.append(
                 f"grouped convolution ({self.conv_kernel_size} taps, groups of {self.conv_group_size})"

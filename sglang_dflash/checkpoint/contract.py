@@ -110,7 +110,9 @@ REFUSED_KEYS: dict[str, Declares] = {
     "has_embed_tokens": Declares("the draft's own token embedding (Nemotron-3.5 style)", _falsy),
     # MiMo's window switch is read from dflash_config (`config.py`, `use_swa`), as vLLM reads it.
     **{
-        key: Declares("MiMo's sliding window at the top level (read from dflash_config)", _absent, top_level_only=True)
+        key: Declares(
+            "MiMo's sliding window at the top level (read from dflash_config)", _absent, top_level_only=True
+        )
         for key in ("use_swa", "swa_window_size")
     },
     "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),

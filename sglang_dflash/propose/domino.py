@@ -15,8 +15,8 @@ embedding E:
 (0 < P < V, `--speculative-domino-candidate-pool-size`, SGLang's default 2048) the argmax of
 slots 2..n runs over one pool per request: the P tokens with the highest base logit over the
 trained block's slots 2..B-1, also when the step verifies a narrower window (n < B-1), so that
-the window's proposals are the first n of SGLang's rollout over the block. Every proposal is a deterministic function of the step's state (a point mass), so the
-plain verify stays exact.
+the window's proposals are the first n of SGLang's rollout over the block. Every proposal is a
+deterministic function of the step's state (a point mass), so the plain verify stays exact.
 
 The rollout is sequential in the slot: one batched iteration per slot (n = W - 1, at most 15
 for the usual block of 16), as in SGLang; no host sync.
