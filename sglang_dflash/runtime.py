@@ -126,6 +126,7 @@ class DraftRuntime:
             ("draft", self.path),
             ("layers", self.config.num_hidden_layers),
             ("draft_options", ", ".join(self.config.options_in_use()) or "none"),
+            ("draft_weights", self.weights_line()),
             ("mask_row", self.head.mask_row_kind),
             ("target_layer_ids", f"{list(self.features.layer_ids)} ({self.features.describe()})"),
             ("block_size", self.block_size),
@@ -136,6 +137,15 @@ class DraftRuntime:
             ("lm_head", self.head.kind),
             ("proposals", self.proposer.name),
         ]
+
+    def weights_line(self) -> str:
+        """The draft's weights as served; for fp8 ones, the memory their dequantisation costs."""
+        numel = self.draft_model.dequantized_numel
+        if self.config.quantization is None or not numel:
+            return "as stored"
+        extra = numel * (self.dtype.itemsize - 1) / 2**20  # fp8 is one byte per element
+        quant = self.config.quantization.describe()
+        return f"{quant} dequantised at load to {self.dtype}: +{extra:.1f} MiB in all"
 
     def _choose_forward(self):
         """The draft network's forward, chosen once: fused kernels (`draft/fused_forward.py`) where

@@ -54,9 +54,9 @@ CONFIG_CASES = [
         _top(attention_value_scale=0.5), "declares a value scale at the top level", id="top-value-scale"
     ),
     pytest.param(
-        _top(quantization_config={"quant_method": "fp8"}),
-        "declares quantized draft weights",
-        id="fp8-config",  # was accepted
+        _top(quantization_config={"quant_method": "awq"}),
+        "declares quant_method 'awq': sglang-dflash dequantises fp8 draft weights only",
+        id="awq-config",  # fp8 is served: test_quantized_draft.py
     ),
     pytest.param(
         _dc(selector_rank=8, selector_top_k=4), "declares DFlash2 (candidate selector)", id="selector-keys"
@@ -309,7 +309,8 @@ def test_tensors_of_other_families_are_refused_by_name(tmp_path, plain_checkpoin
 
 
 def test_quantized_weights_are_refused_by_their_dtype(tmp_path, plain_checkpoint):
-    """fp8 weights (was accepted: their shapes matched, and the scales were dropped)."""
+    """fp8 weights in a checkpoint whose config declares no quantization (was accepted: their
+    shapes matched, and the scales were dropped)."""
     _, config, tensors = plain_checkpoint
     fp8 = tensors["layers.0.mlp.up_proj.weight"].to(torch.float8_e4m3fn)
     path = _write(tmp_path, plain_checkpoint, {**tensors, "layers.0.mlp.up_proj.weight": fp8})

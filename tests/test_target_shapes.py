@@ -3,11 +3,11 @@ engine without speculation: tiny Llama, Mistral and Qwen3-MoE targets, a paged K
 size 16), and a draft context window shorter than the prompts (--speculative-draft-window-size).
 The Mistral case also serves a draft whose config has neither block_size nor mask_token_id,
 "draft-options" a draft with Gemma norms, partial GPT-J RoPE, clamped SwiGLU, a trained mask
-embedding, MiMo's attention sinks, value scale and window on every layer, and grouped
-convolution, and "dflash2" a DFlash2 draft whose proposals walk its candidate selector, and
-"domino" a draft whose proposals roll out through Domino's projector over a candidate pool,
-and "laguna" a Laguna draft (gated attention, per-slice feature norms; the llama target's
-plain outputs are shared).
+embedding, MiMo's attention sinks, value scale and window on every layer, grouped
+convolution, and fp8 weights with block scales (dequantised at load), "dflash2" a DFlash2
+draft whose proposals walk its candidate selector, "domino" a draft whose proposals roll out
+through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated
+attention, per-slice feature norms; the llama target's plain outputs are shared).
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from tests import engines
-from tests.tiny_models import add_domino, add_laguna, add_selector, make_family_target
+from tests.tiny_models import add_domino, add_laguna, add_selector, make_family_target, quantize_fp8
 
 pytestmark = pytest.mark.sglang
 
@@ -170,6 +170,7 @@ def served(request, tiny):
         draft = tiny.edited_draft("a", "options", _with_draft_options)
         _save_mask_embedding(target, draft)
         _add_option_tensors(draft)
+        quantize_fp8(draft)  # and its projections stored in fp8 with block scales
     if request.param == "dflash2":
         draft = add_selector(
             tiny.edited_draft("a", "dflash2", lambda d: None), architecture="MiniMaxDFlash2DraftModel"
@@ -191,6 +192,8 @@ def test_greedy_matches_target(served, batch_size):
     state = engines.server_state(engine)
     assert state["dflash_implementation"].startswith("sglang-dflash")
     assert state["dflash_proposals"].startswith(PROPOSALS.get(shape, "argmax"))
+    weights = state["dflash_draft_weights"]  # the draft-options draft is stored in fp8
+    assert weights.startswith("fp8 e4m3 (16x24 block scales") == (shape == "draft-options"), weights
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]

@@ -319,6 +319,44 @@ def add_selector(
     return path
 
 
+def quantize_fp8(path: str, block: tuple[int, int] | None = (16, 24)) -> dict:
+    """Rewrite draft `path` as an fp8 checkpoint, as SGLang's Fp8Config loads one: every 2-D
+    projection weight (`*proj.weight`, `fc.weight`) in float8_e4m3fn with its scales (per block
+    `weight_scale_inv`, or one `weight_scale`), and `quantization_config` in config.json. Returns
+    the weights as dequantised from the fp8 ones, by the element rule (the reference)."""
+    import math
+
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    tensors, reference = load_file(file), {}
+    for name in [n for n in tensors if n.endswith(("proj.weight", "fc.weight"))]:
+        w = tensors.pop(name).float()  # [N, K]
+        n, k = w.shape
+        bn, bk = block or (n, k)
+        grid = torch.zeros(math.ceil(n / bn), math.ceil(k / bk))
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                amax = w[i * bn : (i + 1) * bn, j * bk : (j + 1) * bk].abs().max()
+                grid[i, j] = amax.clamp_min(1e-8) / 448.0  # e4m3's largest value
+        full = torch.stack([torch.stack([grid[r // bn, c // bk] for c in range(k)]) for r in range(n)])
+        fp8 = (w / full).to(torch.float8_e4m3fn)
+        tensors[name] = fp8
+        scale_name = name[: -len("weight")] + ("weight_scale_inv" if block else "weight_scale")
+        tensors[scale_name] = grid if block else grid.reshape(())
+        reference[name] = fp8.float() * full
+    save_file(tensors, file)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    quant = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    if block:
+        quant["weight_block_size"] = list(block)
+    config["quantization_config"] = quant
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return reference
+
+
 def add_domino(
     path: str,
     *,

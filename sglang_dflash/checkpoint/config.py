@@ -36,6 +36,7 @@ from sglang_dflash.checkpoint.fields import (
     parse_selector,
     read_laguna,
 )
+from sglang_dflash.checkpoint.quantization import Fp8Weights, parse_quantization
 
 ARCHITECTURE = "DFlashDraftModel"
 SERVED_ARCHITECTURES = (
@@ -160,6 +161,8 @@ class DFlashDraftConfig:
     # MiMo's `use_swa` window (`parse_swa`), already applied to `layer_types` and
     # `sliding_window`; kept to name it at start-up. None: not declared.
     swa_window: Optional[int] = None
+    # fp8 weights, dequantised at load (`quantization.py`). None: plain weights.
+    quantization: Optional[Fp8Weights] = None
     # Grouped dynamic convolution (DFlash2's backbone, on any class; dflash_config only): each
     # layer's two sublayers convolve their input and output over the block's previous
     # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
@@ -212,6 +215,8 @@ class DFlashDraftConfig:
             options.append(f"Laguna attention gate ({self.gating})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
+        if scope == "all" and self.quantization is not None:
+            options.append(f"{self.quantization.describe()} weights, dequantised at load")
         if scope == "all" and self.swa_window is not None:
             window = self.swa_window
             options.append(f"every layer windowed to {window} (use_swa; SGLang's built-in ignores it)")
@@ -436,6 +441,7 @@ class DFlashDraftConfig:
             gating=gating,
             attention_value_scale=value_scale,
             swa_window=swa_window,
+            quantization=parse_quantization(raw.get("quantization_config")),
             max_position_embeddings=int(model("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,

@@ -134,8 +134,7 @@ REFUSED_KEYS: dict[str, Declares] = {
     "num_attention_heads_per_layer": Declares(
         "Laguna (per-layer head counts)", _absent, top_level_for=(LAGUNA,)
     ),
-    # Weight formats.
-    "quantization_config": Declares("quantized draft weights (fp8, NVFP4, ...)", _absent),
+    # Weight formats (`quantization_config` is parsed: fp8 dequantised at load, `quantization.py`).
     "text_config": Declares("a nested text_config (multimodal-style draft config)", _absent),
     # Options of the plain family.
     **{
@@ -172,7 +171,7 @@ PARSED_KEYS = frozenset(
         "use_gemma_norm", "partial_rotary_factor", "rope_is_neox_style", "is_neox_style",
         "swiglu_alpha", "swiglu_limit",
         "projector_type", "shift_label", "pure_draft_prefix_len", "gru_hidden_dim", "emb_dim",
-        "use_swa", "swa_window_size",
+        "use_swa", "swa_window_size", "quantization_config",
     }
 )  # fmt: skip
 
@@ -456,8 +455,9 @@ def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[st
             dtype = dtypes.get(name)
             if dtype is not None and dtype.removeprefix("torch.") not in DENSE_DTYPES:
                 raise RefusedCheckpoint(
-                    f"draft weight {name!r} is stored as {dtype}: quantized draft weights are not "
-                    f"served by sglang-dflash; {WAY_OUT}"
+                    f"draft weight {name!r} is stored as {dtype}, and its config declares no "
+                    "quantization_config that sglang-dflash dequantises (quant_method fp8); "
+                    f"{WAY_OUT}"
                 )
             continue
         if re.search(INERT_TENSORS, name):

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_dflash.checkpoint import contract
+from sglang_dflash.checkpoint import contract, quantization
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding
 from sglang_dflash.draft.tensor_parallel import TensorParallel
@@ -320,6 +320,7 @@ class DFlashDraftModel(nn.Module):
         self.config = config
         self.tp = tp
         self.num_target_features = num_target_features  # K, the number of captured layers
+        self.dequantized_numel = 0  # fp8 weight elements dequantised at load (`from_pretrained`)
         self.rotary_emb = RotaryEmbedding(config)
         self.layers = nn.ModuleList(
             DFlashDecoderLayer(config, i, tp, self.rotary_emb) for i in range(config.num_hidden_layers)
@@ -406,6 +407,8 @@ class DFlashDraftModel(nn.Module):
             init_weights(model)
             return model.eval()
         state = _read_safetensors(path)
+        if config.quantization is not None:  # fp8 -> float32 once, then cast as any checkpoint
+            state, model.dequantized_numel = quantization.dequantize_state(state, config.quantization)
         model.load_checkpoint_state(state)
         return model.to(device=device, dtype=dtype).eval()
 
@@ -439,7 +442,10 @@ class DFlashDraftModel(nn.Module):
         load_mask_embedding(path, config)
         with torch.device("meta"):
             model = cls(config, num_target_features)
-        header = {contract.canonical_name(k): v for k, v in read_weight_header(path).items()}
+        header = read_weight_header(path)
+        if config.quantization is not None:
+            header = quantization.dequantize_header(header, config.quantization)
+        header = {contract.canonical_name(k): v for k, v in header.items()}
         check_weight_shapes(
             {k: tuple(p.shape) for k, p in model.named_parameters()},
             {k: shape for k, (shape, _) in header.items()},

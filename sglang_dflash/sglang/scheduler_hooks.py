@@ -179,6 +179,7 @@ def _add_speculative_state(original, self, state):
         runtime = getattr(worker, "runtime", None)
         if runtime is not None:  # how this draft's family proposes (`propose/proposers.py`)
             state["dflash_proposals"] = runtime.proposer.name
+            state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
         check = getattr(worker, "context_check", None)
         if check is not None:
             state["dflash_requests_without_draft_context"] = check.requests_without_context
