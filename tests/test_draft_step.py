@@ -439,7 +439,8 @@ def test_cuda_graphs_equal_the_eager_step(forward):
 
 def test_the_worker_asks_the_draft_step_and_gets_a_replay():
     """`DFlashWorker._draft`, as served: its step comes from the captured graph (no eager step),
-    cut to the step's verify width."""
+    its ids and positions cut to the step's verify width, its hidden states the whole block's
+    (Domino's candidate pool spans the block)."""
     from types import SimpleNamespace
 
     from sglang_dflash.worker import DFlashWorker
@@ -458,7 +459,7 @@ def test_the_worker_asks_the_draft_step_and_gets_a_replay():
     block_ids, positions, hidden = DFlashWorker._draft(worker, batch, 5, host, True)
     assert Rerun.replays == 1 and step.eager_steps == {}
     assert (
-        block_ids.shape == (3, 5) and positions.shape == (3, 5) and hidden.shape == (3, 5, 256)
-    )  # window rows 0..W-1
+        block_ids.shape == (3, 5) and positions.shape == (3, 5) and hidden.shape == (3, 16, 256)
+    )  # window rows 0..W-1; the block's 16 rows
     assert block_ids[:, 0].tolist() == bonus.tolist()
     assert positions[:, 0].tolist() == [12, 3, 40]
