@@ -160,6 +160,19 @@ def test_never_accepted_drafts_turn_speculation_off():
     assert widths.count(1) >= 0.9 * len(widths)  # the rest are probes
 
 
+def test_a_draft_accepting_nothing_is_not_chosen_on_a_noisy_cost():
+    """Steps without the draft measured slower than steps with it (noise: on a tiny model the
+    two cost about the same), and nothing ever accepted: a draft width commits one token a
+    step, as no draft does, and its step is never cheaper, so no draft is chosen."""
+    policy = WidthPolicy(8)
+    for _ in range(50):
+        for width, ms in [(1, 4.4), (2, 4.2), (8, 4.0)]:  # the draft widths "cheaper"
+            policy.observe_step(1, width, ms * 1e-3)
+        policy.observe_acceptance([0], 8)
+    assert policy.step_seconds(1)[7] < policy.step_seconds(1)[0] / 1.05  # what the noise says
+    assert policy.best_width(1) == 1
+
+
 def test_always_accepted_drafts_keep_the_full_width():
     policy = WidthPolicy(8)
     widths = run(policy, Workload(rate=1.0), bs=1)

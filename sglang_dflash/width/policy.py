@@ -353,6 +353,11 @@ class WidthPolicy:
         10 ms without the draft and 20 ms at width 4, a request must expect 2 / (1 + slack)
         tokens a step at width 4 for it to be chosen."""
         seconds = np.maximum(self.step_seconds(bs, context), 1e-6)
+        # A draft width's step runs the draft and verifies more tokens than the step without
+        # one, so it is never cheaper: estimates that say otherwise are noise (a slow interval
+        # without the draft), which at an acceptance near zero would choose a draft that
+        # cannot pay (seen: 80 steps at the full width, accepting nothing, on a tiny CPU model).
+        seconds[1:] = np.maximum(seconds[1:], seconds[0])
         rate = expected_commit(self.acceptance.rates()) / seconds
         if self.fair_slack is not None and worst is not None:
             worst_rate = expected_commit(np.full(self.max_width - 1, worst)) / seconds
