@@ -118,22 +118,30 @@ def _scale_name(quant: Fp8Weights) -> str:
     return "weight_scale" if quant.block is None else "weight_scale_inv"
 
 
-def _paired(names, quant: Fp8Weights, is_fp8) -> tuple[dict[str, str], set[str]]:
-    """fp8 weight name -> its scale's name; and the names to drop (scales, input scales).
-    Refuses an fp8 weight without its scale, and a scale without an fp8 weight."""
-    names = set(names)
+def _checked_pairs(
+    shapes: dict[str, tuple], fp8: set[str], quant: Fp8Weights
+) -> tuple[dict[str, str], set[str]]:
+    """shapes: every tensor's; fp8: the names of the fp8 ones. -> fp8 weight name -> its scale's
+    name, and the names to drop (scales, input scales). Refuses an fp8 weight without its scale
+    or with a misshapen one, and a scale without an fp8 weight."""
     scale_suffix = "." + _scale_name(quant)
     static = quant.activation_scheme == "static"
     pairs, drop = {}, set()
-    for name in sorted(names):
-        if name.endswith(".weight") and is_fp8(name):
+    for name in sorted(shapes):
+        if name.endswith(".weight") and name in fp8:
             scale = name[: -len(".weight")] + scale_suffix
-            if scale not in names:
+            if scale not in shapes:
                 raise CheckpointError(f"fp8 draft weight {name!r} has no {scale!r}")
+            want, got = scale_shape(quant, shapes[name]), shapes[scale]
+            if math.prod(got) != math.prod(want) or (want and got != want):
+                raise CheckpointError(
+                    f"fp8 draft weight {name!r} of shape {shapes[name]} needs {scale!r} of shape "
+                    f"{want or '(one value)'}, found {got}"
+                )
             pairs[name] = scale
         elif name.endswith(scale_suffix) or (static and name.endswith(".input_scale")):
             weight = name.rsplit(".", 1)[0] + ".weight"
-            if weight not in names or not is_fp8(weight):
+            if weight not in fp8:
                 raise CheckpointError(f"draft checkpoint tensor {name!r} scales no fp8 weight ({weight!r})")
             drop.add(name)
     return pairs, drop
@@ -145,14 +153,8 @@ Header = dict[str, tuple[tuple, str]]  # tensor name -> (shape, dtype name)
 def dequantize_header(header: Header, quant: Fp8Weights) -> Header:
     """A safetensors header (name -> (shape, dtype)) as the dequantised checkpoint's: scales
     checked against their weights' shapes and removed, fp8 weights made float32."""
-    pairs, drop = _paired(header, quant, lambda name: header[name][1] in FP8_DTYPES)
-    for weight, scale in pairs.items():
-        want, got = scale_shape(quant, header[weight][0]), header[scale][0]
-        if math.prod(got) != math.prod(want) or (want and got != want):
-            raise CheckpointError(
-                f"fp8 draft weight {weight!r} of shape {header[weight][0]} needs {scale!r} of shape "
-                f"{want or '(one value)'}, found {got}"
-            )
+    fp8 = {name for name, (_, dtype) in header.items() if dtype in FP8_DTYPES}
+    pairs, drop = _checked_pairs({name: shape for name, (shape, _) in header.items()}, fp8, quant)
     out = {name: value for name, value in header.items() if name not in drop}
     out.update({weight: (header[weight][0], "F32") for weight in pairs})
     return out
@@ -161,8 +163,8 @@ def dequantize_header(header: Header, quant: Fp8Weights) -> Header:
 def dequantize_state(state: dict[str, torch.Tensor], quant: Fp8Weights) -> tuple[dict, int]:
     """The checkpoint's tensors with every fp8 weight dequantised to float32 and the scales
     removed; and how many weight elements were dequantised."""
-    dequantize_header({k: (tuple(v.shape), str(v.dtype)) for k, v in state.items()}, quant)  # checks
-    pairs, drop = _paired(state, quant, lambda name: state[name].dtype == torch.float8_e4m3fn)
+    fp8 = {name for name, t in state.items() if t.dtype == torch.float8_e4m3fn}
+    pairs, drop = _checked_pairs({name: tuple(t.shape) for name, t in state.items()}, fp8, quant)
     out = {name: t for name, t in state.items() if name not in drop}
     for weight, scale in pairs.items():
         out[weight] = dequantize_weight(state[weight], state[scale], quant)
