@@ -15,6 +15,10 @@ Serving choices (documented for users in docs/):
   SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
   SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
                                           (`step_timer.py`, scripts/serving/step_phases.py)
+  SGLANG_ENABLE_LILICORR_SAMPLING=0|1     SGLang's switch: 0 walks LiLiCorr's lattice greedily
+                                          for every request (unset: sampled requests sample their
+                                          walk, verified exactly with its q; `propose/proposers.py`);
+                                          with SGLANG_LILICORR_REQUIRE_SAMPLING=1, 0 is refused
 
 Benchmark aid, SGLang's own and honoured as its built-in DFLASH does:
 
@@ -62,6 +66,8 @@ SKIP_STATE_COMMIT_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"
 WIDTH1_STEPS_ENV = "SGLANG_DFLASH_TEST_WIDTH1_STEPS"
 CHECK_RANKS_ENV = "SGLANG_DFLASH_CHECK_RANKS"
 TRACE_PROPOSALS_ENV = "SGLANG_DFLASH_TRACE_PROPOSALS"
+LILICORR_SAMPLING_ENV = "SGLANG_ENABLE_LILICORR_SAMPLING"
+LILICORR_REQUIRE_SAMPLING_ENV = "SGLANG_LILICORR_REQUIRE_SAMPLING"
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Knobs:
     width1_forward: Optional[str] = None
     draft_graphs: Optional[str] = None
     step_timing: Optional[str] = None
+    lilicorr_sampling: bool = True
     # Benchmark aid.
     simulated_acceptance: Optional[SimulatedAcceptance] = None
     # Test aids.
@@ -109,6 +116,7 @@ class Knobs:
             width1_forward=environ.get(WIDTH1_FORWARD_ENV),
             draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
             step_timing=environ.get(STEP_TIMING_ENV) or None,
+            lilicorr_sampling=_lilicorr_sampling(environ),
             simulated_acceptance=_simulated_acceptance() if simulated else None,
             skip_decode_injection=on(SKIP_DECODE_INJECTION_ENV),
             skip_draft_transfer=on(SKIP_DRAFT_TRANSFER_ENV),
@@ -131,6 +139,28 @@ class Knobs:
             (self.trace_proposals is not None, f"tracing proposals to {self.trace_proposals}"),
         ]
         return [text for is_on, text in aids if is_on]
+
+
+def _switch(environ: Mapping[str, str], name: str) -> Optional[bool]:
+    """An SGLang boolean environment variable as SGLang's `envs` reads it; None where unset."""
+    value = environ.get(name)
+    if value is None or value == "":
+        return None
+    if value.lower() in ("1", "true", "yes", "y"):
+        return True
+    if value.lower() in ("0", "false", "no", "n"):
+        return False
+    raise ValueError(f"{name}={value!r} is not a boolean (1/0, true/false)")
+
+
+def _lilicorr_sampling(environ: Mapping[str, str]) -> bool:
+    sampling = _switch(environ, LILICORR_SAMPLING_ENV)
+    if sampling is False and _switch(environ, LILICORR_REQUIRE_SAMPLING_ENV):
+        raise ValueError(
+            f"{LILICORR_REQUIRE_SAMPLING_ENV} is set but {LILICORR_SAMPLING_ENV}=0 walks LiLiCorr's "
+            "lattice greedily for every request"
+        )
+    return sampling is not False
 
 
 def _simulated_acceptance() -> Optional[SimulatedAcceptance]:

@@ -37,7 +37,8 @@ from sglang_dflash.draft.target_features import FeatureLayout, captured_layer_id
 from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
-from sglang_dflash.propose.proposers import ProposalInputs, proposer_for
+from sglang_dflash.propose.lilicorr import AnchorStore
+from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, proposer_for
 from sglang_dflash.sglang import draft_context
 from sglang_dflash.sglang.draft_pool import DraftKVPool
 from sglang_dflash.sglang.target_pool import num_target_slots
@@ -58,12 +59,14 @@ class DraftRuntime:
         context_window: Optional[int] = None,
         init_weights: Optional[Callable] = None,
         domino_pool_size: int = DEFAULT_POOL_SIZE,
+        lilicorr_sampled_walks: bool = True,
     ):
         """`path`: the checkpoint directory; `runner`: the target's ModelRunner; `tokenizer`:
         the target's (for a `mask_token` string); `num_draft_tokens`: B, the verify width;
         `context_window`: --speculative-draft-window-size; `init_weights`: SGLang's dummy
         initialiser for `--speculative-draft-load-format dummy`; `domino_pool_size`:
-        --speculative-domino-candidate-pool-size (Domino drafts only)."""
+        --speculative-domino-candidate-pool-size (Domino drafts only); `lilicorr_sampled_walks`:
+        sampled requests walk LiLiCorr's lattice by sampling (LiLiCorr drafts only)."""
         self.path = path
         self.tp = tp
         self.device = runner.device
@@ -89,7 +92,7 @@ class DraftRuntime:
         trained_mask_row = load_mask_embedding(path, self.config)
         if trained_mask_row is not None:
             self.head.use_trained_mask_row(self.config.mask_token_id, trained_mask_row)
-        self.proposer = proposer_for(self.draft_model, self.head, domino_pool_size)
+        self.proposer = proposer_for(self.draft_model, self.head, domino_pool_size, lilicorr_sampled_walks)
 
         # Built by `allocate`:
         self.store: Optional[DraftKVStore] = None
@@ -99,6 +102,7 @@ class DraftRuntime:
         self.kv_pool: Optional[DraftKVPool] = None  # the store, as SGLang's KV pool of the draft
         self.step: Optional[DraftStep] = None  # eager or graphed
         self.context_check: Optional[draft_context.DraftContextCheck] = None  # PD decode engines
+        self.anchors: Optional[AnchorStore] = None  # LiLiCorr drafts: each request's last context feature
 
     def _checked_config(self, path: str, runner, tokenizer, num_draft_tokens: int):
         """The checkpoint's config, checked against the target and B, with its mask token id;
@@ -160,11 +164,25 @@ class DraftRuntime:
             logger.warning("DFLASH draft forward: module by module, not fused (%s)", reason)
         return self.draft_model, f"module ({reason})"
 
-    def inject(self, captured: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+    def inject(
+        self,
+        captured: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        last_rows: Optional[torch.Tensor] = None,
+        req_pool_indices: Optional[torch.Tensor] = None,
+    ) -> None:
         """The target's captured layers of T tokens [T, C*H] at `positions` [T] -> their context
-        K/V in the draft KV store at `slots` [T] (slot 0: the sink, for tokens not committed)."""
+        K/V in the draft KV store at `slots` [T] (slot 0: the sink, for tokens not committed).
+        With `anchors` (LiLiCorr), `last_rows` [n] are the rows of the last committed token of
+        the requests `req_pool_indices` [n], whose context features the store keeps."""
         features = self.features.arrange(captured)  # [T, K*H]
         ops.inject_context_kv(self.draft_model, self.store, features, positions, slots)
+        if self.anchors is not None:
+            last = features[last_rows].to(self.draft_model.fc.weight.dtype)  # [n, K*H]
+            self.anchors.write(
+                req_pool_indices, self.draft_model.fuse_target_features(last), slots[last_rows]
+            )
 
     # ------------------------------------------------------------ at alloc_memory_pool
 
@@ -207,6 +225,9 @@ class DraftRuntime:
                 flashinfer_unavailable, num_slots, max_bs
             )
             self.verifier = Verifier(max_bs, self.vocab_size, self.device, seed=seed)
+            if isinstance(self.proposer, LiLiCorrProposer):
+                self.anchors = AnchorStore(max_bs, self.config.hidden_size, self.dtype, self.device)
+                self.proposer.anchors = self.anchors
         # Outside the region: the pool's small pointer tables must survive a memory-saver release
         # (its K/V buffers are the store's, inside it).
         self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)

@@ -47,7 +47,7 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang_dflash import IMPL_NAME, __version__
 from sglang_dflash.checkpoint.config import resolve_checkpoint_dir
 from sglang_dflash.draft.attention import planning_lens
-from sglang_dflash.draft.block import extend_positions, gather_slots
+from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
@@ -116,6 +116,7 @@ class DFlashWorker(BaseSpecWorker):
             context_window=spec.speculative_draft_window_size,
             init_weights=initialize_dummy_weights if load_format == "dummy" else None,
             domino_pool_size=spec.speculative_domino_candidate_pool_size,
+            lilicorr_sampled_walks=self.knobs.lilicorr_sampling,
         )
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
@@ -253,7 +254,12 @@ class DFlashWorker(BaseSpecWorker):
             # The injection must land in this step: the scheduler may insert these tokens into
             # the radix cache as soon as the step returns.
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
-            self.runtime.inject(logits_output.hidden_states, positions, batch.out_cache_loc)
+            last_rows = None
+            if self.runtime.anchors is not None:  # each request's last new token
+                last_rows = extend_last_rows(batch.extend_lens, self.device)
+            self.runtime.inject(
+                logits_output.hidden_states, positions, batch.out_cache_loc, last_rows, batch.req_pool_indices
+            )
             hidden_states.hand_over(batch, logits_output, extend=True)
             self.runtime.verifier.start_requests(batch)
             result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
@@ -284,6 +290,8 @@ class DFlashWorker(BaseSpecWorker):
                 # With a grammar, its window ranks the draft's candidates by their logits.
                 grammar_rows = [req.grammar is not None for req in batch.reqs] if batch.has_grammar else None
                 inputs = ProposalInputs(block_ids[:, 0], positions, batch.sampling_info, grammar_rows)
+                inputs.req_to_token = self.req_to_token_pool.req_to_token
+                inputs.req_pool_indices = batch.req_pool_indices
                 if width < block_hidden.shape[1]:
                     inputs.block_hidden = block_hidden
                 proposed = self.runtime.proposer(block_hidden[:, :width], inputs)
@@ -349,7 +357,16 @@ class DFlashWorker(BaseSpecWorker):
             if not self.knobs.skip_decode_injection:
                 committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
                 slots = torch.where(committed, verify_slots, 0).view(-1)  # [bs*W]
-                self.runtime.inject(logits_output.hidden_states, positions.reshape(-1), slots)
+                last_rows = None
+                if self.runtime.anchors is not None:  # row b*W + commit_len - 1: the new last token
+                    last_rows = torch.arange(bs, device=self.device) * width + commit_lens - 1
+                self.runtime.inject(
+                    logits_output.hidden_states,
+                    positions.reshape(-1),
+                    slots,
+                    last_rows,
+                    batch.req_pool_indices,
+                )
             hidden_states.hand_over(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, host_lens, proposals)

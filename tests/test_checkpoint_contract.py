@@ -102,11 +102,7 @@ def test_config_keys_that_declare_unserved_maths_are_refused_by_name(edit, messa
 
 
 @pytest.mark.parametrize(
-    "architecture, family",
-    [
-        ("LiLiCorrDraftModel", "LiLiCorr"),
-        ("Qwen3DSparkModel", "DSpark"),
-    ],
+    "architecture, family", [("Qwen3DSparkModel", "DSpark"), ("DSparkDraftModel", "DSpark")]
 )
 def test_other_families_are_refused_by_their_name(architecture, family):
     raw = draft_config_dict()

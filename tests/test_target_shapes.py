@@ -6,8 +6,9 @@ The Mistral case also serves a draft whose config has neither block_size nor mas
 embedding, MiMo's attention sinks, value scale and window on every layer, grouped
 convolution, and fp8 weights with block scales (dequantised at load), "dflash2" a DFlash2
 draft whose proposals walk its candidate selector, "domino" a draft whose proposals roll out
-through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated
-attention, per-slice feature norms; the llama target's plain outputs are shared).
+through Domino's projector over a candidate pool, "laguna" a Laguna draft (gated attention,
+per-slice feature norms; the llama target's plain outputs are shared), and "lilicorr" a LiLiCorr
+draft whose proposals walk its head's lattice, with every request's anchor known at every step.
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -29,7 +30,14 @@ import numpy as np
 import pytest
 
 from tests import engines
-from tests.tiny_models import add_domino, add_laguna, add_selector, make_family_target, quantize_fp8
+from tests.tiny_models import (
+    add_domino,
+    add_laguna,
+    add_lilicorr,
+    add_selector,
+    make_family_target,
+    quantize_fp8,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -52,9 +60,14 @@ SHAPES = {
     # draft "a" with Domino's projector, its rollout over a candidate pool of 16
     "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
     "laguna": ("llama", {}, {}),  # draft "a" as a Laguna draft: per-element gates, per-slice norms
+    "lilicorr": ("llama", {}, {}),  # draft "a" with a LiLiCorr head (leaning to the top candidates)
 }
 # How each shape's draft proposes (`propose/proposers.py`; the server info's "dflash_proposals").
-PROPOSALS = {"dflash2": "candidate selector", "domino": "Domino rollout (greedy over a candidate pool of 16"}
+PROPOSALS = {
+    "dflash2": "candidate selector",
+    "domino": "Domino rollout (greedy over a candidate pool of 16",
+    "lilicorr": "LiLiCorr lattice (top 4; greedy and sampled walks)",
+}
 # The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
 # against SGLang's own modules): served end to end, lossless, and still accepting.
 DRAFT_OPTIONS = {
@@ -179,6 +192,8 @@ def served(request, tiny):
         draft = add_domino(tiny.edited_draft("a", "domino", lambda d: None), scale=1.0)
     if request.param == "laguna":
         draft = add_laguna(tiny.edited_draft("a", "laguna", lambda d: None), gate_scale=1.0)
+    if request.param == "lilicorr":
+        draft = add_lilicorr(tiny.edited_draft("a", "lilicorr", lambda d: None))
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
@@ -202,6 +217,13 @@ def test_greedy_matches_target(served, batch_size):
         o["meta_info"]["spec_verify_ct"] for o in got
     )
     print(f"{shape} bs {batch_size}: mean acceptance {accepted:.2f}")
+    if shape == "lilicorr":  # each step scored every request with its last committed token's feature
+        known, _, total, *_ = state["dflash_lilicorr_anchors"].split()
+        assert known == total and int(total) > 0, state["dflash_lilicorr_anchors"]
+        # Sampled requests walk the lattice by sampling, verified with its q (test_lilicorr.py).
+        sampled = engine.generate(input_ids=PROMPTS[:8], sampling_params=dict(GREEDY, temperature=1.0))
+        steps = sum(o["meta_info"]["spec_verify_ct"] for o in sampled)
+        assert sum(o["meta_info"]["completion_tokens"] for o in sampled) > 1.1 * steps
     assert accepted > 1.1, f"{shape}: mean acceptance {accepted:.2f}; multi-token commits barely ran"
     if routed:
         for g, w in zip(got, want[batch_size]):

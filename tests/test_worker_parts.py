@@ -28,6 +28,7 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
         "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
         "SGLANG_DFLASH_STEP_TIMING": "steps.jsonl",
+        "SGLANG_ENABLE_LILICORR_SAMPLING": "0",
         "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE": "1",
@@ -44,6 +45,7 @@ def test_every_knob_is_read_from_its_variable():
         width1_forward="decode",
         draft_graphs="0",
         step_timing="steps.jsonl",
+        lilicorr_sampling=False,
         skip_decode_injection=True,
         skip_draft_transfer=True,
         skip_draft_hicache=True,
@@ -63,7 +65,7 @@ def test_every_knob_is_read_from_its_variable():
 def test_the_knobs_module_lists_every_variable_it_reads():
     """Each `*_ENV` name is documented in the module's docstring, one line each."""
     names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
-    assert len(names) == 13
+    assert len(names) == 15
     for name in names:
         assert name in knobs_module.__doc__, name
 

@@ -394,6 +394,74 @@ def add_domino(
     return path
 
 
+LILICORR_FIELDS = {
+    "lilicorr_candidate_topk": 4,
+    "lilicorr_hidden_size": 0,
+    "lilicorr_num_layers": 1,
+    "lilicorr_num_heads": 2,
+    "lilicorr_mlp_ratio": 2.0,
+    "lilicorr_factor_dim": 8,
+    "lilicorr_vector_eps": 1e-6,
+    "lilicorr_logit_scale": 4.0,
+}
+
+
+def lilicorr_weights(
+    hidden: int, block_size: int, fields: dict, *, rank0: float = 0.0, seed: int = 5
+) -> dict:
+    """Random weights of a LiLiCorr head with `fields` (named as in a checkpoint, under
+    `lilicorr.`): linear weights of unit gain, biases and norm scales near their defaults. With
+    `rank0` > 0 the head leans to each slot's top candidate: the rank embedding pushes rank 0
+    one way and the others the other, and the pair heads share their weights, so a candidate
+    scores best after its own kind."""
+    from sglang_dflash.checkpoint.fields import parse_lilicorr
+    from sglang_dflash.propose.lilicorr import LiLiCorrHead
+
+    shape = parse_lilicorr(fields, "LiLiCorrDraftModel", hidden)["lilicorr"]
+    head = LiLiCorrHead(hidden, block_size, 1e-6, shape)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, p in head.named_parameters():
+        if name.endswith("norm.weight"):
+            value = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+        elif p.dim() == 2 and not name.endswith("slot_bias"):
+            value = torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5
+        else:
+            value = 0.1 * torch.randn(p.shape, generator=gen)
+        tensors[name] = value
+    if rank0:
+        width = tensors["rank_embedding"].shape[-1]
+        direction = torch.randn(width, generator=gen)
+        direction *= rank0 * width**0.5 / direction.norm()
+        tensors["rank_embedding"][..., 0, :] += direction
+        tensors["rank_embedding"][..., 1:, :] -= direction
+        tensors["in_head.weight"] = tensors["out_head.weight"].clone()
+        tensors["in_head.bias"] = tensors["out_head.bias"].clone()
+    return {"lilicorr." + k: v.contiguous() for k, v in tensors.items()}
+
+
+def add_lilicorr(path: str, *, rank0: float = 2.0, seed: int = 5, **fields) -> str:
+    """Make the draft at `path` a LiLiCorr draft: its class, `dflash_config.lilicorr_*`
+    (`LILICORR_FIELDS`, updated with `fields`) and random head weights (`lilicorr_weights`)."""
+    from safetensors.torch import load_file, save_file
+
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["architectures"] = ["LiLiCorrDraftModel"]
+    head_fields = dict(LILICORR_FIELDS, **{f"lilicorr_{k}": v for k, v in fields.items()})
+    config["dflash_config"].update(head_fields)
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    tensors.update(
+        lilicorr_weights(config["hidden_size"], config["block_size"], head_fields, rank0=rank0, seed=seed)
+    )
+    save_file(tensors, file)
+    return path
+
+
 def add_laguna(path: str, *, gating="per-element", gate_scale: float = 0.1, seed: int = 4) -> str:
     """Make the draft at `path` a Laguna draft (`DFlashLagunaForCausalLM`, `model_type: laguna`):
     `gating`, one norm per captured feature slice (near 1) and a gate projection per layer (small,

@@ -27,11 +27,13 @@ from typing import Any, Optional
 from sglang_dflash.checkpoint import config_class, contract
 from sglang_dflash.checkpoint.contract import CheckpointError
 from sglang_dflash.checkpoint.fields import (
+    LiLiCorrShape,
     bool_field,
     int_field,
     number_field,
     parse_conv,
     parse_domino,
+    parse_lilicorr,
     parse_rope,
     parse_selector,
     read_laguna,
@@ -44,6 +46,7 @@ SERVED_ARCHITECTURES = (
     *contract.SELECTOR_ARCHITECTURES,
     contract.MUSE_ASSISTANT,
     contract.LAGUNA,
+    contract.LILICORR,
 )
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
@@ -182,6 +185,9 @@ class DFlashDraftConfig:
     shift_label: bool = False  # True: slot i reads the draft's row i - 1 (else row i)
     gru_hidden_dim: int = 0
     emb_dim: int = 0
+    # LiLiCorr's head (class `LiLiCorrDraftModel`; `propose/lilicorr.py`): the top candidates of the
+    # target's head per slot, rescored jointly by a small transformer and walked over their pairs.
+    lilicorr: Optional[LiLiCorrShape] = None
     # Laguna's drafts (class `DFlashLagunaForCausalLM`): each captured feature slice has its own
     # norm before `fc` (`aux_hidden_norms`), every layer's context K/V are projected from its
     # `input_layernorm` of the context feature, and with `gating` the attention output is scaled
@@ -207,6 +213,12 @@ class DFlashDraftConfig:
         options = []
         if scope == "all" and self.selector_rank:
             options.append(f"candidate selector (rank {self.selector_rank}, top {self.selector_top_k})")
+        if scope == "all" and self.lilicorr is not None:
+            head = self.lilicorr
+            options.append(
+                f"LiLiCorr head (top {head.candidate_topk}, {head.num_layers} layer(s) of width "
+                f"{head.width(self.hidden_size)})"
+            )
         if scope == "all" and self.projector_type:
             options.append(f"Domino rollout (GRU {self.gru_hidden_dim}, projection {self.emb_dim})")
         if scope != "forward" and self.is_laguna:
@@ -341,9 +353,10 @@ class DFlashDraftConfig:
         conv = parse_conv(dflash, hidden_size)
         selector = parse_selector(dflash, architecture)
         domino = parse_domino(raw, dflash)
-        if selector and domino:  # SGLang's worker would roll out Domino and ignore the selector
+        lilicorr = parse_lilicorr(dflash, architecture, hidden_size)
+        if (selector or lilicorr) and domino:  # SGLang's worker would roll out Domino, ignoring the head
             raise CheckpointError(
-                f"draft config declares both DFlash2's candidate selector (class {architecture!r}) and "
+                f"draft config declares both the proposal head of class {architecture!r} and "
                 "Domino's projector ('projector_type'), which sglang-dflash does not serve together"
             )
         gemma = bool_field("use_gemma_norm", model("use_gemma_norm", False))
@@ -438,6 +451,7 @@ class DFlashDraftConfig:
             architecture=architecture,
             **selector,
             **domino,
+            **lilicorr,
             gating=gating,
             attention_value_scale=value_scale,
             swa_window=swa_window,

@@ -44,11 +44,21 @@ MUSE_ASSISTANT = "MuseGlimmerAssistantModel"
 # Laguna's drafts: a softplus gate on the attention output, a norm per captured feature slice,
 # and the context through each layer's input norm (`fields.read_laguna`).
 LAGUNA = "DFlashLagunaForCausalLM"
+# LiLiCorr's drafts: the plain backbone plus a lattice correction head (`propose/lilicorr.py`), its
+# geometry in `dflash_config.lilicorr_*` (`fields.parse_lilicorr`).
+LILICORR = "LiLiCorrDraftModel"
+LILICORR_FAMILY = "LiLiCorr (lattice correction head)"
+LILICORR_KEYS = frozenset(
+    {
+        "lilicorr_candidate_topk", "lilicorr_hidden_size", "lilicorr_num_layers", "lilicorr_num_heads",
+        "lilicorr_mlp_ratio", "lilicorr_factor_dim", "lilicorr_vector_eps", "lilicorr_logit_scale",
+        "lilicorr_enabled",
+    }
+)  # fmt: skip
 
 # architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
 # Served: `config.SERVED_ARCHITECTURES`.
 REFUSED_ARCHITECTURES = {
-    "LiLiCorrDraftModel": "LiLiCorr (lattice correction head)",
     "Qwen3DSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
     "LingDSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
     "DSparkDraftModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
@@ -157,8 +167,9 @@ REFUSED_KEYS: dict[str, Declares] = {
     ),
     "mlp_bias": Declares("MLP biases (mlp_bias)", _falsy),
 }
-# Key prefixes of families refused as a whole: LiLiCorr's head, DSpark's Markov head.
-PREFIX_FAMILIES = {"lilicorr_": "LiLiCorr (lattice correction head)", "markov_": "DSpark (Markov head)"}
+# Key prefixes of families refused as a whole: LiLiCorr's head (but on its class, in dflash_config,
+# where `fields.parse_lilicorr` reads its fields), DSpark's Markov head.
+PREFIX_FAMILIES = {"lilicorr_": LILICORR_FAMILY, "markov_": "DSpark (Markov head)"}
 
 # Keys `config.py` parses into `DFlashDraftConfig` (their values are checked there).
 PARSED_KEYS = frozenset(
@@ -273,12 +284,17 @@ def check_config(
                 if served_top:
                     family += " in dflash_config (SGLang reads it at the top level)"
                 _refuse_key(where + key, scope[key], family)
-    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys() | AGREEMENT_KEYS | class_keys
+    known = PARSED_KEYS | REFUSED_KEYS.keys() | metadata_keys() | AGREEMENT_KEYS | class_keys | LILICORR_KEYS
     for where, scope in scopes:
         for key, value in scope.items():
             prefix = next((p for p in PREFIX_FAMILIES if key.startswith(p)), None)
-            if prefix is not None:
-                _refuse_key(where + key, value, PREFIX_FAMILIES[prefix])
+            # On LiLiCorr's class its head's fields are read in dflash_config (others there: unknown).
+            head_field = architecture == LILICORR and prefix == "lilicorr_" and bool(where)
+            if prefix is not None and not head_field:
+                family = PREFIX_FAMILIES[prefix]
+                if architecture == LILICORR and prefix == "lilicorr_":
+                    family += " at the top level (SGLang reads it from dflash_config)"
+                _refuse_key(where + key, value, family)
             laguna_key = architecture == LAGUNA and key in LAGUNA_TARGET_KEYS and not where
             if key not in known and not laguna_key:
                 raise RefusedCheckpoint(
@@ -410,7 +426,7 @@ TENSOR_FAMILIES = (
     (r"^(prefix_gru|embed_proj)\.", "Domino (GRU rollout projector)"),
     (r"\.attention_sink_bias$", "attention sinks"),
     (r"^candidate_selector\.", "DFlash2 (candidate selector)"),
-    (r"^lilicorr\.", "LiLiCorr (lattice correction head)"),
+    (r"^lilicorr\.", LILICORR_FAMILY),
     (r"^aux_hidden_norms\.|\.self_attn\.g_proj\.", "Laguna (gated attention, per-slice feature norms)"),
     (r"^embed_tokens\.", "the draft's own token embedding (Nemotron-3.5 style)"),
     (r"^lm_head\.", "the draft's own LM head"),
@@ -425,6 +441,7 @@ SERVED_WHEN_DECLARED = {
     "Laguna (gated attention, per-slice feature norms)": f"architectures: [{LAGUNA!r}], with its gating",
     "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
     "attention sinks": "dflash_config.attention_sink_bias: true",
+    LILICORR_FAMILY: f"architectures: [{LILICORR!r}], with dflash_config.lilicorr_*",
 }
 # Tensors that hold nothing the draft computes with: HF's cached RoPE frequencies.
 INERT_TENSORS = r"(^|\.)rotary_emb\.inv_freq$"
@@ -462,7 +479,13 @@ def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[st
             continue
         if re.search(INERT_TENSORS, name):
             continue
-        family = next((f for pattern, f in TENSOR_FAMILIES if re.search(pattern, name)), None)
+        pattern, family = next(((p, f) for p, f in TENSOR_FAMILIES if re.search(p, name)), (None, None))
+        if family is not None and any(re.search(pattern, e) for e in expected):
+            raise RefusedCheckpoint(
+                f"draft checkpoint tensor {name!r} is not a weight of the {family} its config "
+                f"describes (check that family's fields against the checkpoint); sglang-dflash would "
+                f"otherwise ignore it; {WAY_OUT}"
+            )
         if family in SERVED_WHEN_DECLARED:
             raise RefusedCheckpoint(
                 f"draft checkpoint tensor {name!r} belongs to {family}, which its config does not "

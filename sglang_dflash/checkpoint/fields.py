@@ -5,7 +5,9 @@ them (speculative/dflash_utils.py, models/dflash.py). `config.py` assembles them
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_dflash.checkpoint import contract
@@ -75,6 +77,70 @@ def parse_selector(dflash: dict, architecture: str) -> dict:
     softcap = float(number_field("final_logit_softcapping", dflash.get("final_logit_softcapping") or 0.0))
     fields["final_logit_softcapping"] = softcap if softcap > 0 else None
     return fields
+
+
+@dataclass(frozen=True)
+class LiLiCorrShape:
+    """A LiLiCorr head's geometry and constants (`dflash_config.lilicorr_*`), as SGLang's
+    `LiLiCorrConfig` holds them. `hidden_size` 0: as wide as the draft (no `token_proj`)."""
+
+    candidate_topk: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    mlp_ratio: float
+    factor_dim: int
+    vector_eps: float
+    logit_scale: float
+
+    def width(self, draft_hidden_size: int) -> int:
+        return self.hidden_size or draft_hidden_size
+
+
+# The widest candidate list SGLang's fused LiLiCorr walk takes (`MAX_FUSED_CANDIDATE_TOPK`); it
+# refuses wider heads, and so do we (the checkpoint would serve nowhere else).
+LILICORR_MAX_TOPK = 16
+
+
+def parse_lilicorr(dflash: dict, architecture: str, hidden_size: int) -> dict:
+    """A LiLiCorr head's fields (dflash_config only; every one required, with no defaults, as
+    SGLang's `_parse_lilicorr_config` requires them) on its class; `contract.py` refuses them on
+    the others."""
+    if architecture != contract.LILICORR:
+        return {}
+    if dflash.get("lilicorr_enabled") is not None and not dflash["lilicorr_enabled"]:
+        raise CheckpointError(
+            f"draft config of class {architecture!r} has 'dflash_config.lilicorr_enabled' = "
+            f"{dflash['lilicorr_enabled']!r}: a LiLiCorr draft without its head is not served (SGLang "
+            "refuses it too); declare architectures ['DFlashDraftModel'] for the plain draft"
+        )
+    values = {}
+    for f in dataclasses.fields(LiLiCorrShape):
+        key = f"lilicorr_{f.name}"
+        if key not in dflash:
+            raise CheckpointError(
+                f"draft config of class {architecture!r} is missing the field 'dflash_config.{key}' "
+                "(SGLang requires every lilicorr_* field, with no default)"
+            )
+        if f.name == "hidden_size":
+            values[f.name] = int_field(key, dflash[key], minimum=0)
+        elif f.type == "int":
+            values[f.name] = int_field(key, dflash[key], minimum=1)
+        else:
+            values[f.name] = float(number_field(key, dflash[key], positive=True))
+    shape = LiLiCorrShape(**values)
+    k = shape.candidate_topk
+    if k & (k - 1) or k > LILICORR_MAX_TOPK:
+        raise CheckpointError(
+            f"draft config field 'dflash_config.lilicorr_candidate_topk' must be a power of two up to "
+            f"{LILICORR_MAX_TOPK} (as SGLang requires), got {k}"
+        )
+    if shape.width(hidden_size) % shape.num_heads:
+        raise CheckpointError(
+            f"draft config field 'dflash_config.lilicorr_num_heads' ({shape.num_heads}) must divide the "
+            f"head's width ({shape.width(hidden_size)})"
+        )
+    return {"lilicorr": shape}
 
 
 def parse_rope(raw: dict, get, head_dim: int) -> tuple[dict, Optional[int], bool]:

@@ -80,3 +80,11 @@ def extend_positions(
     """
     positions = [p + i for p, n in zip(prefix_lens, extend_lens) for i in range(n)]
     return torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def extend_last_rows(extend_lens: list[int], device: torch.device | str) -> torch.Tensor:
+    """The row of each request's last token among an extend forward's packed rows.
+
+    E.g., extend_lens=[2, 3] -> [1, 4].
+    """
+    return (torch.tensor(extend_lens, dtype=torch.int64).cumsum(0) - 1).to(device, non_blocking=True)

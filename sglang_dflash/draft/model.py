@@ -36,6 +36,7 @@ from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding
 from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.propose.domino import PrefixGRU, embed_projector
+from sglang_dflash.propose.lilicorr import LiLiCorrHead
 from sglang_dflash.propose.selector import CandidateSelector
 
 # attend(layer_id, q [N, heads, head_dim], k [N, kv_heads, head_dim], v) -> [N, heads, head_dim]
@@ -223,10 +224,15 @@ SHARDED_DIMS = {
     "self_attn.attention_sink_bias": 0,
     "g_proj.weight": 0,  # Laguna's gate: rows per head (times head_dim per element)
 }
+# Proposal heads whose own layers' names would match SHARDED_DIMS (LiLiCorr's `mlp.up_proj`).
+REPLICATED_HEADS = ("lilicorr.",)
 
 
 def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
-    """This rank's slice of the checkpoint tensor `name` (the whole tensor if replicated)."""
+    """This rank's slice of the checkpoint tensor `name` (the whole tensor if replicated; so is
+    every tensor of a proposal head, which every rank runs whole: `REPLICATED_HEADS`)."""
+    if name.startswith(REPLICATED_HEADS):
+        return tensor
     dim = SHARDED_DIMS.get(".".join(name.split(".")[-2:]))
     return tensor if dim is None else tp.shard(tensor, dim)
 
@@ -337,6 +343,10 @@ class DFlashDraftModel(nn.Module):
                 raise ValueError("a selector draft's vocab_size must be resolved (`with_target_vocab`)")
             self.candidate_selector = CandidateSelector(
                 config.hidden_size, config.vocab_size, config.selector_rank, config.selector_top_k
+            )
+        if config.lilicorr is not None:  # LiLiCorr: the proposals' head (`propose/lilicorr.py`)
+            self.lilicorr = LiLiCorrHead(
+                config.hidden_size, config.block_size, config.rms_norm_eps, config.lilicorr
             )
         if config.projector_type:  # Domino: the proposals' rollout (`propose/domino.py`), run by the proposer
             if config.vocab_size is None:

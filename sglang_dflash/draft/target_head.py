@@ -15,7 +15,8 @@ start-up, through what SGLang may have put around them:
 Under tensor parallelism the embedding module does its own all-reduce, so `embed` is whole on
 every rank. The LM head is vocab-parallel: `logits` gathers the full vocab (for structured
 outputs), while `argmax` gathers one (max, id) pair per row and rank
-(`tensor_parallel.vocab_parallel_argmax`), and `topk` k pairs (DFlash2's candidates).
+(`tensor_parallel.vocab_parallel_argmax`), and `topk` k pairs (DFlash2's candidates), with one more
+value per row for `topk_log_probs` (LiLiCorr's).
 
 See README.md ("Supported targets").
 """
@@ -25,7 +26,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sglang_dflash.draft.tensor_parallel import TensorParallel, vocab_parallel_argmax, vocab_parallel_topk
+from sglang_dflash.draft.tensor_parallel import (
+    TensorParallel,
+    vocab_parallel_argmax,
+    vocab_parallel_logsumexp,
+    vocab_parallel_topk,
+)
 
 
 def _find_lm_head(model):
@@ -132,3 +138,10 @@ class TargetHead:
     def topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [..., H] -> the k best tokens' logits [..., k] float32 and ids [..., k]."""
         return vocab_parallel_topk(self._local_logits(hidden), k, self.vocab_start, self.num_valid, self.tp)
+
+    def topk_log_probs(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [..., H] -> the k best tokens' log-probabilities (log_softmax over the whole
+        vocab) [..., k] float32 and ids [..., k], from one pass of the head."""
+        local = self._local_logits(hidden)
+        values, ids = vocab_parallel_topk(local, k, self.vocab_start, self.num_valid, self.tp)
+        return values - vocab_parallel_logsumexp(local, self.num_valid, self.tp)[..., None], ids

@@ -121,6 +121,18 @@ def vocab_parallel_topk(
     return values, all_ids.gather(-1, best)
 
 
+def vocab_parallel_logsumexp(local_logits: torch.Tensor, num_valid: int, tp: TensorParallel) -> torch.Tensor:
+    """log(sum(exp(logits))) over the whole vocab of logits sharded by vocab, in float32, with one
+    gather of a value per row and rank: each rank's over its real tokens, then theirs.
+
+    local_logits [..., P] (as `vocab_parallel_argmax`) -> [...], the same on every rank.
+    """
+    local = torch.logsumexp(local_logits[..., :num_valid].float(), dim=-1)  # -inf on an all-padding rank
+    if tp.size == 1:
+        return local
+    return torch.logsumexp(tp.all_gather(local), dim=0)
+
+
 def check_ranks_agree(tp: TensorParallel, **tensors: torch.Tensor) -> None:
     """Raise unless every rank holds the same values of each tensor (a debugging check: it
     gathers and syncs the host, so it runs only under SGLANG_DFLASH_CHECK_RANKS=1)."""

@@ -9,6 +9,8 @@ walk drew it (the verify then accepts with min(1, p/q): `verify/q_sampling.py`).
 * `SelectorProposer` (DFlash2): the top-K candidates of the target's head, walked over the
   selector's lattice (`selector.py`), greedily for greedy requests and requests under a grammar,
   by sampling at the request's temperature for the others.
+* `LiLiCorrProposer` (LiLiCorr): the top-K candidates of the target's head with their
+  log-probabilities, rescored jointly by the LiLiCorr head (`lilicorr.py`) and walked like DFlash2's.
 * `DominoProposer` (Domino's projector): the target's head corrected slot by slot by a GRU over
   the tokens proposed before (`domino.py`); a greedy rollout for every request, as in SGLang.
 """
@@ -21,6 +23,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from sglang_dflash.propose import domino
+from sglang_dflash.propose.lilicorr import AnchorStore
 from sglang_dflash.propose.selector import unary_logits, walk
 from sglang_dflash.verify.q_sampling import DraftQ
 from sglang_dflash.verify.sampling import SamplingRows, seeded_uniforms
@@ -49,6 +52,10 @@ class ProposalInputs:
     # [bs, Bd, H]: the whole trained block's final hidden states when the window is narrower
     # (W < Bd); Domino's candidate pool spans the block, as SGLang's. None: the window is the block.
     block_hidden: Optional[torch.Tensor] = None
+    # SGLang's request-to-slot table and the batch's rows in it: where LiLiCorr finds each
+    # request's last committed token (`lilicorr.AnchorStore`). None: unknown (the warm-up step).
+    req_to_token: Optional[torch.Tensor] = None
+    req_pool_indices: Optional[torch.Tensor] = None
 
     @property
     def with_logits(self) -> bool:
@@ -94,40 +101,50 @@ class SelectorProposer:
 
     def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
         hidden = hidden[:, 1:]  # [bs, W-1, H]
-        bs = hidden.shape[0]
         values, candidate_ids = self.head.topk(hidden, self.top_k)  # [bs, W-1, K] x2
         unary = unary_logits(values, self.multiplier, self.softcap)
         scores = self.selector.lattice(candidate_ids, unary, hidden, inputs.anchor)  # [bs, W-1, K, K]
-        temperatures, greedy, uniforms = self._walk_params(inputs, bs, hidden.shape[1], hidden.device)
-        sampled = uniforms is not None
-        if not sampled:  # every request walks the argmax
-            uniforms = torch.zeros(bs, hidden.shape[1], device=hidden.device)
-        tokens, q = walk(candidate_ids, scores, uniforms, temperatures, greedy)
-        logits = fallback = None
-        if inputs.with_logits:  # the grammar ranks slot e's candidates by the walk's row there,
-            logits = _candidate_logits(candidate_ids, scores, tokens, self.head.vocab_size)
-            fallback = self.head.logits(hidden)  # [bs, W-1, V]; and the head's, past them
-        return Proposals(tokens, logits, DraftQ(candidate_ids, q) if sampled else None, fallback)
+        return _walked(candidate_ids, scores, hidden, inputs, self.head)
 
-    def _walk_params(self, inputs: ProposalInputs, bs: int, slots: int, device):
-        """Per request: the walk's temperature [bs], greedy [bs] bool, uniforms [bs, W-1] (None
-        when every request walks greedily). Requests under a grammar walk greedily: the grammar
-        window may re-pick their proposals, which a point mass allows."""
-        info = inputs.sampling_info
-        if info is None or info.is_all_greedy:
-            return torch.ones(bs, device=device), torch.ones(bs, dtype=torch.bool, device=device), None
-        rows = SamplingRows.from_sampling_info(info)
-        greedy = rows.is_greedy
-        if inputs.grammar_rows is not None:
-            constrained = torch.tensor(inputs.grammar_rows, dtype=torch.bool).to(device, non_blocking=True)
-            greedy = greedy | constrained
-        # SGLang stores temperature 0 as 1 with top_k 1; sampled rows are > 0 (clamped as SGLang).
-        temperatures = rows.temperatures.float().clamp_min(1e-5)
-        if rows.seeds is None:
-            uniforms = torch.rand(bs, slots, device=device)
-        else:  # row t's proposal comes from the input at window position t
-            uniforms = seeded_uniforms(rows.seeds, inputs.positions[:, :slots], WALK_COLUMN)
-        return temperatures, greedy, uniforms
+
+def _walked(
+    candidate_ids, scores, hidden, inputs: ProposalInputs, head, sampled_walks: bool = True
+) -> Proposals:
+    """The proposals of a walk over `scores` [bs, E, K, K] among `candidate_ids` [bs, E, K] (the
+    draft's `hidden` [bs, E, H] for the grammar's fallback logits)."""
+    bs, slots = candidate_ids.shape[:2]
+    temperatures, greedy, uniforms = _walk_params(inputs, bs, slots, hidden.device, sampled_walks)
+    sampled = uniforms is not None
+    if not sampled:  # every request walks the argmax
+        uniforms = torch.zeros(bs, slots, device=hidden.device)
+    tokens, q = walk(candidate_ids, scores, uniforms, temperatures, greedy)
+    logits = fallback = None
+    if inputs.with_logits:  # the grammar ranks slot e's candidates by the walk's row there,
+        logits = _candidate_logits(candidate_ids, scores, tokens, head.vocab_size)
+        fallback = head.logits(hidden)  # [bs, W-1, V]; and the head's, past them
+    return Proposals(tokens, logits, DraftQ(candidate_ids, q) if sampled else None, fallback)
+
+
+def _walk_params(inputs: ProposalInputs, bs: int, slots: int, device, sampled_walks: bool = True):
+    """Per request: the walk's temperature [bs], greedy [bs] bool, uniforms [bs, W-1] (None
+    when every request walks greedily). Requests under a grammar walk greedily: the grammar
+    window may re-pick their proposals, which a point mass allows. `sampled_walks=False`: every
+    request walks greedily."""
+    info = inputs.sampling_info
+    if info is None or info.is_all_greedy or not sampled_walks:
+        return torch.ones(bs, device=device), torch.ones(bs, dtype=torch.bool, device=device), None
+    rows = SamplingRows.from_sampling_info(info)
+    greedy = rows.is_greedy
+    if inputs.grammar_rows is not None:
+        constrained = torch.tensor(inputs.grammar_rows, dtype=torch.bool).to(device, non_blocking=True)
+        greedy = greedy | constrained
+    # SGLang stores temperature 0 as 1 with top_k 1; sampled rows are > 0 (clamped as SGLang).
+    temperatures = rows.temperatures.float().clamp_min(1e-5)
+    if rows.seeds is None:
+        uniforms = torch.rand(bs, slots, device=device)
+    else:  # row t's proposal comes from the input at window position t
+        uniforms = seeded_uniforms(rows.seeds, inputs.positions[:, :slots], WALK_COLUMN)
+    return temperatures, greedy, uniforms
 
 
 def _candidate_logits(candidate_ids, scores, tokens, vocab_size: int) -> torch.Tensor:
@@ -142,6 +159,39 @@ def _candidate_logits(candidate_ids, scores, tokens, vocab_size: int) -> torch.T
     rows = scores.gather(2, index[:, :, None, None].expand(bs, slots, 1, k))[:, :, 0]  # [bs, E, K]
     logits = torch.full((bs, slots, vocab_size), float("-inf"), device=scores.device)
     return logits.scatter_(2, candidate_ids, rows)
+
+
+class LiLiCorrProposer:
+    """LiLiCorr: the target head's top-K candidates per slot with their log-probabilities over the
+    whole vocabulary, rescored by the head's lattice given each request's anchor (the context
+    feature of its last committed token), and walked as DFlash2's: greedily for greedy requests,
+    sampled with q for the others (`sampled_walks`; SGLang's built-in walks greedily unless
+    SGLANG_ENABLE_LILICORR_SAMPLING=1, which our exact verify does not need to ask for)."""
+
+    def __init__(self, lilicorr, head, sampled_walks: bool = True):
+        self.lilicorr = lilicorr  # lilicorr.LiLiCorrHead
+        self.head = head
+        self.sampled_walks = sampled_walks
+        self.anchors: Optional[AnchorStore] = None  # the runtime's, once SGLang's pools exist
+        walks = (
+            "greedy and sampled walks" if sampled_walks else "greedy walks: SGLANG_ENABLE_LILICORR_SAMPLING=0"
+        )
+        self.name = f"LiLiCorr lattice (top {lilicorr.top_k}; {walks})"
+
+    def __call__(self, hidden: torch.Tensor, inputs: ProposalInputs) -> Proposals:
+        hidden = hidden[:, 1:]  # [bs, W-1, H]
+        bs, slots, k = hidden.shape[0], hidden.shape[1], self.lilicorr.top_k
+        log_probs, candidate_ids = self.head.topk_log_probs(hidden, k)  # [bs, W-1, K] x2
+        # The target's embedding of every candidate (whole on every rank under TP).
+        embeddings = self.head.embedding(candidate_ids.reshape(-1)).view(bs, slots, k, -1)
+        if self.anchors is not None and inputs.req_to_token is not None:
+            rows = inputs.req_pool_indices.to(torch.int64)  # the token before the block: seq_len - 1
+            anchor, valid = self.anchors.read(rows, inputs.req_to_token[rows, inputs.positions[:, 0] - 1])
+        else:  # unknown (the warm-up step): scored as SGLang scores a missing anchor
+            anchor = hidden.new_zeros(bs, hidden.shape[-1])
+            valid = torch.zeros(bs, dtype=torch.bool, device=hidden.device)
+        scores = self.lilicorr.lattice(embeddings, log_probs, hidden, anchor, valid)  # [bs, W-1, K, K]
+        return _walked(candidate_ids, scores, hidden, inputs, self.head, self.sampled_walks)
 
 
 class DominoProposer:
@@ -184,12 +234,17 @@ class DominoProposer:
         return Proposals(tokens, scores, fallback=fallback)
 
 
-def proposer_for(draft_model, head, domino_pool_size: int = domino.DEFAULT_POOL_SIZE) -> Proposer:
-    """The proposer of the checkpoint's family: the selector's walk for DFlash2, the rollout for
-    Domino, else the argmax."""
+def proposer_for(
+    draft_model, head, domino_pool_size: int = domino.DEFAULT_POOL_SIZE, lilicorr_sampled_walks: bool = True
+) -> Proposer:
+    """The proposer of the checkpoint's family: the selector's walk for DFlash2, LiLiCorr's
+    lattice, the rollout for Domino, else the argmax."""
     selector = getattr(draft_model, "candidate_selector", None)
     if selector is not None:
         return SelectorProposer(selector, head, draft_model.config)
+    lilicorr = getattr(draft_model, "lilicorr", None)
+    if lilicorr is not None:
+        return LiLiCorrProposer(lilicorr, head, lilicorr_sampled_walks)
     if getattr(draft_model, "prefix_gru", None) is not None:
         return DominoProposer(draft_model, head, domino_pool_size)
     return ArgmaxProposer(head)

@@ -180,6 +180,8 @@ def _add_speculative_state(original, self, state):
         if runtime is not None:  # how this draft's family proposes (`propose/proposers.py`)
             state["dflash_proposals"] = runtime.proposer.name
             state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
+            if runtime.anchors is not None:  # LiLiCorr: a missing anchor costs acceptance
+                state["dflash_lilicorr_anchors"] = runtime.anchors.describe()
         check = getattr(worker, "context_check", None)
         if check is not None:
             state["dflash_requests_without_draft_context"] = check.requests_without_context
