@@ -90,7 +90,11 @@ class DraftRuntime:
         self.forward, self.forward_choice = self._choose_forward()
         self.head = TargetHead(runner.model, self.vocab_size, tp)  # the draft's embedding and LM head
         trained_mask_row = load_mask_embedding(path, self.config)
-        if trained_mask_row is not None:
+        if self.config.own_embedding:  # Nemotron-3.5: the draft's own table embeds the block
+            self.head.use_draft_embedding(
+                self.draft_model.embed_tokens, self.config.mask_token_id, trained_mask_row
+            )
+        elif trained_mask_row is not None:
             self.head.use_trained_mask_row(self.config.mask_token_id, trained_mask_row)
         self.proposer = proposer_for(self.draft_model, self.head, domino_pool_size, lilicorr_sampled_walks)
 
@@ -144,12 +148,17 @@ class DraftRuntime:
 
     def weights_line(self) -> str:
         """The draft's weights as served; for fp8 ones, the memory their dequantisation costs."""
+        parts = []
         numel = self.draft_model.dequantized_numel
-        if self.config.quantization is None or not numel:
-            return "as stored"
-        extra = numel * (self.dtype.itemsize - 1) / 2**20  # fp8 is one byte per element
-        quant = self.config.quantization.describe()
-        return f"{quant} dequantised at load to {self.dtype}: +{extra:.1f} MiB in all"
+        if self.config.quantization is not None and numel:
+            quant = self.config.quantization
+            extra = numel * (self.dtype.itemsize - quant.bytes_per_weight) / 2**20  # stored: scales included
+            parts.append(f"{quant.describe()} dequantised at load to {self.dtype}: +{extra:.1f} MiB in all")
+        if self.config.own_embedding:  # whole on every rank, where the target's is split
+            table = self.draft_model.embed_tokens.weight
+            mib = table.numel() * table.element_size() / 2**20
+            parts.append(f"its own token embedding {list(table.shape)}: {mib:.1f} MiB on every rank")
+        return "; ".join(parts) or "as stored"
 
     def _choose_forward(self):
         """The draft network's forward, chosen once: fused kernels (`draft/fused_forward.py`) where

@@ -55,7 +55,7 @@ CONFIG_CASES = [
     ),
     pytest.param(
         _top(quantization_config={"quant_method": "awq"}),
-        "declares quant_method 'awq': sglang-dflash dequantises fp8 draft weights only",
+        "declares quant_method 'awq': sglang-dflash dequantises fp8 and NVFP4",
         id="awq-config",  # fp8 is served: test_quantized_draft.py
     ),
     pytest.param(
@@ -72,10 +72,10 @@ CONFIG_CASES = [
             quantization_config={"quant_algo": "W4A16_NVFP4"},
             eagle_aux_hidden_state_layer_ids=[1],
             target_layer_ids=[0],
-            sample_from_anchor=False,
+            sample_from_anchor=True,
         ),
-        "declares a Nemotron-3.5 draft",
-        id="nemotron-3.5",  # named as SGLang detects it (is_nemotron_35_draft_config)
+        "'has_embed_tokens' = True declares the draft's own token embedding",
+        id="not-quite-nemotron-3.5",  # one condition of SGLang's is_nemotron_35_draft_config unmet
     ),
     pytest.param(
         _dc(lilicorr_candidate_topk=4),

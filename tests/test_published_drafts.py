@@ -46,7 +46,8 @@ SERVED = [
 # `use_swa` window on every layer (SGLang ignores it; vLLM applies it), as (window, causal) per layer.
 DEPARTURES = {"XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash": {"layers": [(1024, False)] * 5}}
 REFUSED = {
-    # Its own embedding; as published (with the NVFP4 block put back), a Nemotron-3.5 draft.
+    # As copied, without its NVFP4 block: not SGLang's Nemotron-3.5, which would skip its own
+    # embedding. With the block put back it is served (`test_a_nemotron_35_draft_is_served...`).
     "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash": "declares the draft's own token embedding",
 }
 
@@ -123,7 +124,12 @@ def sglang_reading(raw: dict, tmp_path: pathlib.Path) -> tuple[dict, object]:
         "attention_bias": bool(getattr(text, "attention_bias", False)),
         "hidden_act": getattr(text, "hidden_act", "silu"),
         "use_gemma_norm": bool(getattr(text, "use_gemma_norm", False)),
-        "attention_sink_bias": parsed.attention_sink_bias,
+        # A Nemotron-3.5 draft's sinks are also read at the top level (models/dflash.py, DFlashAttention).
+        "attention_sink_bias": parsed.attention_sink_bias
+        or (
+            dflash_utils.is_nemotron_35_draft_config(config)
+            and bool(getattr(config, "attention_sink_bias", False))
+        ),
         "attention_value_scale": parsed.attention_value_scale,
         "conv": (parsed.conv_kernel_size, parsed.conv_group_size),
         "selector": (parsed.selector_rank, parsed.selector_top_k),
@@ -155,7 +161,7 @@ def our_reading(raw: dict) -> tuple[dict, DFlashDraftConfig]:
         "conv": (c.conv_kernel_size, c.conv_group_size),
         "selector": (c.selector_rank, c.selector_top_k),
         "projector_type": c.projector_type,
-        "nemotron": False,  # never served
+        "nemotron": c.own_embedding,
     }
     return reading, c
 
@@ -219,13 +225,28 @@ def test_published_drafts_we_do_not_serve_are_refused_by_name(name):
     assert "SGLANG_DFLASH_IMPL=builtin" in str(error.value)
 
 
-def test_a_nemotron_35_draft_is_named_as_sglang_detects_it(tmp_path):
+def test_a_nemotron_35_draft_is_served_as_sglang_detects_and_reads_it(tmp_path):
+    """As published with its NVFP4 block: SGLang's Nemotron-3.5 (its own embedding, NVFP4
+    weights), read alike; its PARD token, aux-layer count and DSpark fields agree or are off."""
     raw = with_nvfp4(published("nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash"))
     from sglang.srt.speculative.dflash_utils import is_nemotron_35_draft_config
 
-    assert is_nemotron_35_draft_config(_sglang_config(raw, tmp_path))
-    with pytest.raises(CheckpointError, match="declares a Nemotron-3.5 draft"):
-        DFlashDraftConfig.from_dict(raw)
+    theirs, sglang_rope = sglang_reading(copy.deepcopy(raw), tmp_path)
+    ours, config = our_reading(copy.deepcopy(raw))
+    assert ours == theirs and ours["nemotron"]
+    assert rope_gap(sglang_rope, config) < 1e-5
+    assert "its own token embedding (Nemotron-3.5)" in config.options_in_use()
+    assert config.quantization.algo == "W4A16_NVFP4"
+    sinks = dict(raw, attention_sink_bias=True)  # read at the top level for this family
+    assert DFlashDraftConfig.from_dict(copy.deepcopy(sinks), DEFAULT_BLOCK).attention_sink_bias
+    for key, value, words in [
+        ("pard_token", 7, "the block's MASK token is 990"),
+        ("num_aux_layers", 5, "reads 6 captured target layers"),
+        ("dspark_markov_rank", 4, "declares DSpark"),
+        ("dflash_query_causal", True, "causal block queries"),
+    ]:
+        with pytest.raises(CheckpointError, match=words):
+            DFlashDraftConfig.from_dict(dict(copy.deepcopy(raw), **{key: value}), DEFAULT_BLOCK)
     raw["dflash_config"]["sample_from_anchor"] = True  # no longer SGLang's Nemotron-3.5
     assert not is_nemotron_35_draft_config(_sglang_config(raw, tmp_path))
     with pytest.raises(CheckpointError, match="declares the draft's own token embedding"):

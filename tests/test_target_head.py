@@ -131,3 +131,23 @@ def test_a_trained_mask_row_reaches_the_draft_and_leaves_the_target_alone():
     torch.testing.assert_close(head.embed(ids), want)
     assert torch.equal(embed.weight, table)  # the target embeds the mask token as before
     assert head.mask_row_kind == "trained (mask_embedding.pt)"
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["as-stored", "trained-mask-row"])
+def test_a_drafts_own_embedding_embeds_its_blocks_and_nothing_else(trained):
+    """Nemotron-3.5: the block is embedded by the draft's own table (with a trained mask row
+    written into it); the target's embedding stays the target's (LiLiCorr reads that one)."""
+    torch.manual_seed(6)
+    target_embed = nn.Embedding(V, H)
+    head = TargetHead(Target(target_embed, _linear_head(torch.randn(V, H))), V)
+    own = nn.Embedding(V, H)
+    table = own.weight.detach().clone()
+    row = torch.randn(H) if trained else None
+    head.use_draft_embedding(own, 7, row)
+    ids = torch.tensor([3, 7, 27])
+    want = table[ids]
+    if trained:
+        want[1] = row
+    torch.testing.assert_close(head.embed(ids), want)
+    assert head.embedding is target_embed
+    assert head.mask_row_kind == ("trained, in the draft's own table" if trained else "draft's own")

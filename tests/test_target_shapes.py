@@ -7,8 +7,9 @@ embedding, MiMo's attention sinks, value scale and window on every layer, groupe
 convolution, and fp8 weights with block scales (dequantised at load), "dflash2" a DFlash2
 draft whose proposals walk its candidate selector, "domino" a draft whose proposals roll out
 through Domino's projector over a candidate pool, "laguna" a Laguna draft (gated attention,
-per-slice feature norms; the llama target's plain outputs are shared), and "lilicorr" a LiLiCorr
-draft whose proposals walk its head's lattice, with every request's anchor known at every step.
+per-slice feature norms; the llama target's plain outputs are shared), "lilicorr" a LiLiCorr
+draft whose proposals walk its head's lattice, with every request's anchor known at every step,
+and "nemotron" a Nemotron-3.5 draft: its own token embedding and NVFP4 weights.
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -36,6 +37,7 @@ from tests.tiny_models import (
     add_lilicorr,
     add_selector,
     make_family_target,
+    make_nemotron_35,
     quantize_fp8,
 )
 
@@ -61,6 +63,7 @@ SHAPES = {
     "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
     "laguna": ("llama", {}, {}),  # draft "a" as a Laguna draft: per-element gates, per-slice norms
     "lilicorr": ("llama", {}, {}),  # draft "a" with a LiLiCorr head (leaning to the top candidates)
+    "nemotron": ("llama", {}, {}),  # draft "a" as a Nemotron-3.5 draft (own embedding, NVFP4)
 }
 # How each shape's draft proposes (`propose/proposers.py`; the server info's "dflash_proposals").
 PROPOSALS = {
@@ -194,6 +197,8 @@ def served(request, tiny):
         draft = add_laguna(tiny.edited_draft("a", "laguna", lambda d: None), gate_scale=1.0)
     if request.param == "lilicorr":
         draft = add_lilicorr(tiny.edited_draft("a", "lilicorr", lambda d: None))
+    if request.param == "nemotron":
+        draft = make_nemotron_35(tiny.edited_draft("a", "nemotron", lambda d: None), target)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
     engines.shutdown(engine)
@@ -207,8 +212,10 @@ def test_greedy_matches_target(served, batch_size):
     state = engines.server_state(engine)
     assert state["dflash_implementation"].startswith("sglang-dflash")
     assert state["dflash_proposals"].startswith(PROPOSALS.get(shape, "argmax"))
-    weights = state["dflash_draft_weights"]  # the draft-options draft is stored in fp8
+    weights = state["dflash_draft_weights"]  # the draft-options draft is stored in fp8, nemotron's in NVFP4
     assert weights.startswith("fp8 e4m3 (16x24 block scales") == (shape == "draft-options"), weights
+    assert weights.startswith("NVFP4 e2m1 (W4A16_NVFP4") == (shape == "nemotron"), weights
+    assert ("its own token embedding [384, 64]" in weights) == (shape == "nemotron"), weights
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]

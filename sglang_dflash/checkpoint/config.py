@@ -38,7 +38,7 @@ from sglang_dflash.checkpoint.fields import (
     parse_selector,
     read_laguna,
 )
-from sglang_dflash.checkpoint.quantization import Fp8Weights, parse_quantization
+from sglang_dflash.checkpoint.quantization import QuantizedWeights, parse_quantization
 
 ARCHITECTURE = "DFlashDraftModel"
 SERVED_ARCHITECTURES = (
@@ -164,8 +164,11 @@ class DFlashDraftConfig:
     # MiMo's `use_swa` window (`parse_swa`), already applied to `layer_types` and
     # `sliding_window`; kept to name it at start-up. None: not declared.
     swa_window: Optional[int] = None
-    # fp8 weights, dequantised at load (`quantization.py`). None: plain weights.
-    quantization: Optional[Fp8Weights] = None
+    # Nemotron-3.5's drafts (`contract.is_nemotron_35`, SGLang's detection): the block is embedded
+    # by the draft's own `embed_tokens` [vocab_size, H], not the target's.
+    own_embedding: bool = False
+    # fp8 or NVFP4 weights, dequantised at load (`quantization.py`). None: plain weights.
+    quantization: Optional[QuantizedWeights] = None
     # Grouped dynamic convolution (DFlash2's backbone, on any class; dflash_config only): each
     # layer's two sublayers convolve their input and output over the block's previous
     # `conv_kernel_size` tokens, per group of `conv_group_size` channels. 0: off.
@@ -227,6 +230,8 @@ class DFlashDraftConfig:
             options.append(f"Laguna attention gate ({self.gating})")
         if scope == "all" and self.attention_sink_bias:
             options.append("attention sinks")
+        if scope == "all" and self.own_embedding:
+            options.append("its own token embedding (Nemotron-3.5)")
         if scope == "all" and self.quantization is not None:
             options.append(f"{self.quantization.describe()} weights, dequantised at load")
         if scope == "all" and self.swa_window is not None:
@@ -347,6 +352,9 @@ class DFlashDraftConfig:
             for name in ("swiglu_alpha", "swiglu_limit"):
                 swiglu[name] = float(number_field(name, require(name, model(name)), positive=True))
         sinks = bool_field("attention_sink_bias", dflash.get("attention_sink_bias", False))
+        own_embedding = contract.is_nemotron_35(raw)
+        if own_embedding:  # SGLang reads a Nemotron-3.5 draft's sinks at the top level too
+            sinks = sinks or bool_field("attention_sink_bias", raw.get("attention_sink_bias", False))
         value_scale = dflash.get("attention_value_scale")
         if value_scale is not None:
             value_scale = float(number_field("attention_value_scale", value_scale))
@@ -447,6 +455,7 @@ class DFlashDraftConfig:
             hidden_act=act,
             **swiglu,
             attention_sink_bias=sinks,
+            own_embedding=own_embedding,
             **conv,
             architecture=architecture,
             **selector,
@@ -507,6 +516,11 @@ class DFlashDraftConfig:
             raise CheckpointError(
                 f"draft config field 'vocab_size' is {self.vocab_size}, below the target's vocab_size "
                 f"{vocab_size}: the candidate selector's codebooks index the target's vocabulary"
+            )
+        if self.own_embedding and self.vocab_size is not None and self.vocab_size < vocab_size:
+            raise CheckpointError(
+                f"draft config field 'vocab_size' is {self.vocab_size}, below the target's vocab_size "
+                f"{vocab_size}: the draft's own embedding must embed every token the target emits"
             )
         if self.projector_type and self.vocab_size is not None and self.vocab_size != vocab_size:
             raise CheckpointError(

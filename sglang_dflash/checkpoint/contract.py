@@ -111,12 +111,11 @@ def _true(value: Any) -> bool:
     return value is None or value is True
 
 
-# In the order a refusal names them. A Nemotron-3.5 draft is named as one before any of its keys
-# (`is_nemotron_35`). (SGLang: speculative/dflash_utils.py, parse_dflash_draft_config and
-# is_nemotron_35_draft_config; models/dflash.py for the options.)
+# In the order a refusal names them. (SGLang: speculative/dflash_utils.py,
+# parse_dflash_draft_config and is_nemotron_35_draft_config; models/dflash.py for the options.)
 REFUSED_KEYS: dict[str, Declares] = {
-    # The draft's own token embedding: SGLang uses it only for a draft it detects as Nemotron-3.5,
-    # and skips its tensors otherwise.
+    # The draft's own token embedding: SGLang uses it only for a draft it detects as Nemotron-3.5
+    # (`is_nemotron_35`, served), and skips its tensors otherwise.
     "has_embed_tokens": Declares("the draft's own token embedding (Nemotron-3.5 style)", _falsy),
     # MiMo's window switch is read from dflash_config (`config.py`, `use_swa`), as vLLM reads it.
     **{
@@ -126,6 +125,12 @@ REFUSED_KEYS: dict[str, Declares] = {
         for key in ("use_swa", "swa_window_size")
     },
     "sample_from_anchor": Declares("Nemotron-3.5 / DSpark (non-anchor query layout)", _true),
+    # The rest of what Nemotron-3.5's drafts record about DSpark and PARD heads: off, or refused.
+    "dflash_query_causal": Declares("causal block queries (dflash_query_causal)", _falsy),
+    **{
+        key: Declares("DSpark (Markov or fix-up head)", _absent)
+        for key in ("dspark_markov_rank", "dspark_fixup_head_type")
+    },
     # DFlash2's candidate selector head (served on its classes).
     "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
     "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
@@ -200,6 +205,8 @@ METADATA_KEYS = frozenset(
         # target's RoPE base, recorded beside the draft's own (`rope_theta`). No serving
         # implementation reads it (vLLM's and SGLang's MiMo drafts; llama.cpp copies it as metadata).
         "num_anchors", "loss_decay_gamma", "backbone_rotary_base",
+        # Nemotron-3.5's: whether training updated the draft's own embedding.
+        "train_embed_tokens",
     }
 )  # fmt: skip
 
@@ -237,6 +244,9 @@ def metadata_keys() -> frozenset:
     return _metadata_keys
 
 
+NEMOTRON_35_KEYS = ("has_embed_tokens", "sample_from_anchor", "attention_sink_bias")
+
+
 def is_nemotron_35(raw: dict) -> bool:
     """Whether SGLang's built-in treats the draft as Nemotron-3.5's (its own NVFP4 embedding):
     `is_nemotron_35_draft_config` in speculative/dflash_utils.py, condition for condition."""
@@ -263,15 +273,15 @@ def check_config(
     Keys of `dflash_config` and of the top level are both read. `class_keys`: the fields of the
     config class `model_type` names (`config_class.class_keys`), which the draft never reads
     beyond those `config.py` parses."""
-    if is_nemotron_35(raw):
-        raise RefusedCheckpoint(
-            "draft config declares a Nemotron-3.5 draft (its own NVFP4 token embedding: "
-            "'has_embed_tokens', 'quantization_config.quant_algo' W4A16_NVFP4, "
-            f"'eagle_aux_hidden_state_layer_ids'), which sglang-dflash does not serve; {WAY_OUT}"
-        )
+    # A Nemotron-3.5 draft's own embedding is served, its top-level sinks are read (as SGLang's
+    # draft reads them for it), and its `sample_from_anchor: false` is what SGLang's DFLASH serves
+    # with the anchor row layout anyway (only DSpark reads it).
+    nemotron = NEMOTRON_35_KEYS if is_nemotron_35(raw) else ()
     dflash = raw.get("dflash_config") or {}
     scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
     for key, rule in REFUSED_KEYS.items():
+        if key in nemotron:
+            continue
         served = architecture in rule.served_for
         served_top = architecture in rule.top_level_for
         for where, scope in scopes:
@@ -318,7 +328,7 @@ def check_config(
 AGREEMENT_KEYS = frozenset(
     {
         "draft_vocab_size", "sliding_windows", "causal", "eagle_aux_hidden_state_layer_ids", "v_head_dim",
-        "initial_context_length",
+        "initial_context_length", "num_aux_layers", "pard_token",
     }
 )  # fmt: skip
 # The model fields SGLang reads at the top level only (`config_class.MODEL_FIELDS`, less the ones
@@ -342,7 +352,7 @@ def check_agreement(raw: dict, top: dict, config: Any) -> None:
             )  # fmt: skip
     scopes = (("dflash_config.", dflash), ("", raw))
     for where, scope in scopes:
-        if "draft_vocab_size" in scope and scope["draft_vocab_size"] != config.vocab_size:
+        if scope.get("draft_vocab_size") not in (None, config.vocab_size):
             _disagrees(
                 where + "draft_vocab_size", scope["draft_vocab_size"],
                 f"the draft proposes over the target's whole vocabulary (vocab_size {config.vocab_size}); "
@@ -371,6 +381,13 @@ def check_agreement(raw: dict, top: dict, config: Any) -> None:
         if context is not None and original is not None and context != original:
             why = f"the RoPE's original_max_position_embeddings is {original}"
             _disagrees(where + "initial_context_length", context, why)
+        ids = config.target_layer_ids
+        if "num_aux_layers" in scope and ids is not None and scope["num_aux_layers"] != len(ids):
+            why = f"the draft reads {len(ids)} captured target layers ({list(ids)})"
+            _disagrees(where + "num_aux_layers", scope["num_aux_layers"], why)
+        if "pard_token" in scope and scope["pard_token"] != config.mask_token_id:
+            why = f"the block's MASK token is {config.mask_token_id}"
+            _disagrees(where + "pard_token", scope["pard_token"], why)
         if "v_head_dim" in scope and scope["v_head_dim"] not in (None, 0, config.head_dim):
             _disagrees(
                 where + "v_head_dim",
@@ -441,6 +458,10 @@ SERVED_WHEN_DECLARED = {
     "Laguna (gated attention, per-slice feature norms)": f"architectures: [{LAGUNA!r}], with its gating",
     "grouped dynamic convolution": "dflash_config.conv_kernel_size and conv_group_size",
     "attention sinks": "dflash_config.attention_sink_bias: true",
+    "the draft's own token embedding (Nemotron-3.5 style)": (
+        "a Nemotron-3.5 draft: has_embed_tokens, quantization_config.quant_algo W4A16_NVFP4, "
+        "eagle_aux_hidden_state_layer_ids, sample_from_anchor false"
+    ),
     LILICORR_FAMILY: f"architectures: [{LILICORR!r}], with dflash_config.lilicorr_*",
 }
 # Tensors that hold nothing the draft computes with: HF's cached RoPE frequencies.
@@ -479,12 +500,12 @@ def check_tensors(names: Iterable[str], expected: Iterable[str], dtypes: dict[st
             continue
         if re.search(INERT_TENSORS, name):
             continue
-        pattern, family = next(((p, f) for p, f in TENSOR_FAMILIES if re.search(p, name)), (None, None))
-        if family is not None and any(re.search(pattern, e) for e in expected):
+        family = next((f for pattern, f in TENSOR_FAMILIES if re.search(pattern, name)), None)
+        if family == LILICORR_FAMILY and any(e.startswith("lilicorr.") for e in expected):
             raise RefusedCheckpoint(
-                f"draft checkpoint tensor {name!r} is not a weight of the {family} its config "
-                f"describes (check that family's fields against the checkpoint); sglang-dflash would "
-                f"otherwise ignore it; {WAY_OUT}"
+                f"draft checkpoint tensor {name!r} is not a weight of the LiLiCorr head its config "
+                "describes (check lilicorr_hidden_size, lilicorr_num_layers and lilicorr_factor_dim); "
+                f"sglang-dflash would otherwise ignore it; {WAY_OUT}"
             )
         if family in SERVED_WHEN_DECLARED:
             raise RefusedCheckpoint(

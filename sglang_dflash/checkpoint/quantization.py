@@ -1,42 +1,66 @@
-"""Quantized draft weights: fp8 checkpoints, dequantised once at load to the draft's dtype.
+"""Quantized draft weights: fp8 and NVFP4 checkpoints, dequantised once at load to the draft's
+dtype.
 
 SGLang's built-in runs a quantized draft through its quantized kernels (`Fp8Config`,
-layers/quantization/fp8.py). A draft is a few layers, so here every fp8 weight becomes a plain
-one once, at load, on any device (CPU included), and the draft then runs as any other; the cost
-is the memory of the wider weights, which the start-up line states. Verification is exact
-whatever the draft computes, so serving is lossless; activations stay in the draft's dtype
-where SGLang's kernels quantize them too, so acceptance may differ a little from the built-in's.
+layers/quantization/fp8.py; `ModelOptFp4Config`, modelopt_quant.py). A draft is a few layers, so
+here every quantized weight becomes a plain one once, at load, on any device (CPU included), and
+the draft then runs as any other; the cost is the memory of the wider weights, which the
+start-up line states. Verification is exact whatever the draft computes, so serving is lossless;
+activations stay in the draft's dtype where SGLang's kernels quantize them (fp8, and NVFP4's
+W4A4 form), so acceptance may differ a little from the built-in's.
 
-Served: `quantization_config.quant_method: "fp8"` with e4m3 weights (`float8_e4m3fn`), as
-SGLang's `Fp8Config.from_config` reads it:
+Served formats (`parse_quantization`), each weight `X.weight` with its scales beside it:
 
-* block scales, `weight_block_size: [bn, bk]` (activation_scheme "dynamic", as SGLang requires):
-  each `X.weight` [N, K] has `X.weight_scale_inv` [ceil(N / bn), ceil(K / bk)] (float32), and
-  W[n, k] = w[n, k] * s[n // bn, k // bk]. E.g. N = K = 3, blocks [2, 2], s = [[1, 2], [3, 4]]:
-  row 0 and 1 scale by [1, 1, 2], row 2 by [3, 3, 4];
-* per-tensor scales (no `weight_block_size`): `X.weight_scale` of one value, W = w * s; with
-  activation_scheme "static" also `X.input_scale`, which scales activations SGLang quantizes and
-  is not used here (activations are not quantized).
+* fp8: `quant_method: "fp8"` with e4m3 weights (`float8_e4m3fn`), as SGLang's
+  `Fp8Config.from_config` reads it.
+  - Block scales, `weight_block_size: [bn, bk]` (activation_scheme "dynamic", as SGLang
+    requires): `X.weight` [N, K] has `X.weight_scale_inv` [ceil(N / bn), ceil(K / bk)]
+    (float32), and W[n, k] = w[n, k] * s[n // bn, k // bk]. E.g. N = K = 3, blocks [2, 2],
+    s = [[1, 2], [3, 4]]: rows 0 and 1 scale by [1, 1, 2], row 2 by [3, 3, 4].
+  - Per-tensor scales (no `weight_block_size`): `X.weight_scale` of one value, W = w * s; with
+    activation_scheme "static" also `X.input_scale`, which scales activations SGLang quantizes
+    and is not used here.
+* NVFP4: `quant_method: "modelopt"` (or none, which SGLang reads as modelopt), `quant_algo`
+  "NVFP4" or "W4A16_NVFP4" (group size 16), as `ModelOptFp4Config.from_config` reads the flat
+  form. `X.weight` [N, K/2] uint8 holds two e2m1 values a byte, the low nibble first (element 2j
+  in the low four bits of byte j); `X.weight_scale` [N, K/16] float8_e4m3fn scales each 16
+  elements of a row, and
+  `X.weight_scale_2` (one float32) the whole tensor:
+  W[n, k] = e2m1(w, n, k) * s[n, k // 16] * s2. e2m1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6,
+  and 8..15 their negatives; e.g. the byte 0x2F holds code 15 (-6) then code 2 (1), so with
+  s = 0.5 and s2 = 2 the pair is [-6, 1]. `X.input_scale` (the W4A4 form's activation scale) is
+  not used.
 
-Weights without a scale (`ignored_layers`, norms) load as they are. Every other method (NVFP4,
-modelopt, compressed-tensors, MXFP8, GPTQ, AWQ, ...) is refused by name (`parse_quantization`).
+Weights without a scale (`ignored_layers`, `exclude_modules`, norms) load as they are. Every
+other method (compressed-tensors, MXFP8, GPTQ, AWQ, NVFP4_AWQ, ...) is refused by name.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
 from sglang_dflash.checkpoint.contract import WAY_OUT, CheckpointError, RefusedCheckpoint
 
 FP8_DTYPES = ("F8_E4M3", "float8_e4m3fn", "torch.float8_e4m3fn")  # header and torch names
-# The keys of `quantization_config` SGLang's Fp8Config reads, and what each may hold here.
+PACKED_DTYPES = ("U8", "uint8", "torch.uint8")
+# The keys of `quantization_config` each format's SGLang config reads, and what they may hold here.
 FP8_KEYS = frozenset(
     {"quant_method", "activation_scheme", "weight_block_size", "ignored_layers", "modules_to_not_convert"}
 )
+NVFP4_KEYS = frozenset(
+    {
+        "quant_method", "quant_algo", "group_size", "exclude_modules", "ignore", "modules_to_not_convert",
+        "kv_cache_quant_algo", "kv_cache_scheme", "producer",
+    }
+)  # fmt: skip
+NVFP4_ALGOS = ("NVFP4", "W4A16_NVFP4")
+NVFP4_GROUP = 16
+# e2m1 code -> value: bit 3 the sign, bits 0-2 index 0, 0.5, 1, 1.5, 2, 3, 4, 6 (SGLang's LUT).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 @dataclass(frozen=True)
@@ -46,32 +70,103 @@ class Fp8Weights:
     block: Optional[tuple[int, int]]  # (bn, bk) block scales; None: one scale per tensor
     activation_scheme: str  # "dynamic" or "static" (then tensors carry `input_scale`)
 
+    stored = FP8_DTYPES
+    bytes_per_weight = 1.0
+
     def describe(self) -> str:
         scales = f"{self.block[0]}x{self.block[1]} block scales" if self.block else "per-tensor scales"
         return f"fp8 e4m3 ({scales}, {self.activation_scheme} activations)"
 
+    def scales(self, shape: tuple) -> dict[str, tuple]:
+        """The scale tensors a weight of stored `shape` [N, K] carries: suffix -> shape."""
+        if self.block is None:
+            return {"weight_scale": ()}
+        (n, k), (bn, bk) = shape, self.block
+        return {"weight_scale_inv": (math.ceil(n / bn), math.ceil(k / bk))}
 
-def parse_quantization(quant: Any) -> Optional[Fp8Weights]:
-    """`quantization_config` -> how to dequantise; None without one. Refuses every method but
-    fp8, and any key SGLang's Fp8Config does not read, by name."""
+    def unused(self) -> tuple[str, ...]:
+        return ("input_scale",) if self.activation_scheme == "static" else ()
+
+    def weight_shape(self, shape: tuple) -> tuple:
+        return shape
+
+    def dequantize(self, weight: torch.Tensor, scales: dict[str, torch.Tensor]) -> torch.Tensor:
+        """weight [N, K] fp8, its scales -> W [N, K] float32."""
+        w = weight.float()
+        if self.block is None:
+            return w * scales["weight_scale"].float().reshape(())
+        (n, k), (bn, bk) = w.shape, self.block
+        # [N/bn, K/bk] -> [N, K]: each scale repeated over its block, cut at the ragged edge.
+        s = scales["weight_scale_inv"].float()
+        return w * s.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+
+
+@dataclass(frozen=True)
+class Nvfp4Weights:
+    """A ModelOpt NVFP4 checkpoint's weights: e2m1 pairs, fp8 scales per 16, a global scale."""
+
+    algo: str  # "NVFP4" (SGLang quantizes activations too) or "W4A16_NVFP4" (weights only)
+
+    stored = PACKED_DTYPES
+    bytes_per_weight = 0.5 + 1 / NVFP4_GROUP  # half a byte, and a one-byte scale per 16
+
+    def describe(self) -> str:
+        activations = "fp4 activations" if self.algo == "NVFP4" else "16-bit activations"
+        return f"NVFP4 e2m1 ({self.algo}: fp8 scales per {NVFP4_GROUP} and a global scale, {activations})"
+
+    def scales(self, shape: tuple) -> dict[str, tuple]:
+        n, half = shape
+        return {"weight_scale": (n, 2 * half // NVFP4_GROUP), "weight_scale_2": ()}
+
+    def unused(self) -> tuple[str, ...]:
+        return ("input_scale",)
+
+    def weight_shape(self, shape: tuple) -> tuple:
+        n, half = shape
+        return (n, 2 * half)
+
+    def dequantize(self, weight: torch.Tensor, scales: dict[str, torch.Tensor]) -> torch.Tensor:
+        """weight [N, K/2] uint8, its scales -> W [N, K] float32."""
+        codes = torch.stack([weight & 0xF, weight >> 4], dim=-1).flatten(-2).long()  # [N, K], low first
+        values = torch.tensor(E2M1_VALUES, device=weight.device)[codes]
+        s = scales["weight_scale"].float() * scales["weight_scale_2"].float().reshape(())
+        return values * s.repeat_interleave(NVFP4_GROUP, dim=-1)
+
+
+QuantizedWeights = Union[Fp8Weights, Nvfp4Weights]
+
+
+def parse_quantization(quant: Any) -> Optional[QuantizedWeights]:
+    """`quantization_config` -> how to dequantise; None without one. Refuses every other method,
+    and any key the format's SGLang config does not read, by name."""
     if quant is None:
         return None
     if not isinstance(quant, dict):
         raise CheckpointError(f"draft config field 'quantization_config' must be an object, got {quant!r}")
-    method = quant.get("quant_method")
-    if method != "fp8":
-        algo = quant.get("quant_algo")
-        what = f"quant_method {method!r}" + (f" (quant_algo {algo!r})" if algo else "")
-        raise RefusedCheckpoint(
-            f"draft config field 'quantization_config' declares {what}: sglang-dflash dequantises "
-            f"fp8 draft weights only; {WAY_OUT}"
-        )
+    method, algo = quant.get("quant_method"), quant.get("quant_algo")
+    if method == "fp8":
+        _check_keys(quant, FP8_KEYS, "fp8")
+        return _parse_fp8(quant)
+    if method in (None, "modelopt") and algo in NVFP4_ALGOS:  # SGLang takes no method as modelopt
+        _check_keys(quant, NVFP4_KEYS, "NVFP4")
+        return _parse_nvfp4(quant)
+    what = f"quant_method {method!r}" + (f" (quant_algo {algo!r})" if algo else "")
+    raise RefusedCheckpoint(
+        f"draft config field 'quantization_config' declares {what}: sglang-dflash dequantises fp8 and "
+        f"NVFP4 (modelopt {' / '.join(NVFP4_ALGOS)}) draft weights only; {WAY_OUT}"
+    )
+
+
+def _check_keys(quant: dict, known: frozenset, loader: str) -> None:
     for key in quant:
-        if key not in FP8_KEYS:
+        if key not in known:
             raise RefusedCheckpoint(
                 f"draft config field 'quantization_config.{key}' ({quant[key]!r}) is unknown to "
-                f"sglang-dflash's fp8 loader, which would otherwise ignore it; {WAY_OUT}"
+                f"sglang-dflash's {loader} loader, which would otherwise ignore it; {WAY_OUT}"
             )
+
+
+def _parse_fp8(quant: dict) -> Fp8Weights:
     scheme = quant.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise CheckpointError(
@@ -95,54 +190,53 @@ def parse_quantization(quant: Any) -> Optional[Fp8Weights]:
     return Fp8Weights(block, scheme)
 
 
-def scale_shape(quant: Fp8Weights, weight_shape: tuple) -> tuple:
-    """The scale tensor an fp8 weight [N, K] carries: [ceil(N/bn), ceil(K/bk)], or one value."""
-    if quant.block is None:
-        return ()
-    (n, k), (bn, bk) = weight_shape, quant.block
-    return (math.ceil(n / bn), math.ceil(k / bk))
-
-
-def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, quant: Fp8Weights) -> torch.Tensor:
-    """weight [N, K] fp8, scale (see `scale_shape`) -> W [N, K] float32."""
-    w = weight.float()
-    if quant.block is None:
-        return w * scale.float().reshape(())
-    (n, k), (bn, bk) = w.shape, quant.block
-    # [N/bn, K/bk] -> [N, K]: each scale repeated over its block, cut at the ragged edge.
-    s = scale.float().repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
-    return w * s
-
-
-def _scale_name(quant: Fp8Weights) -> str:
-    return "weight_scale" if quant.block is None else "weight_scale_inv"
+def _parse_nvfp4(quant: dict) -> Nvfp4Weights:
+    group = quant.get("group_size", NVFP4_GROUP)
+    if group != NVFP4_GROUP:
+        raise CheckpointError(
+            f"draft config field 'quantization_config.group_size' is {group!r}: NVFP4 scales groups of "
+            f"{NVFP4_GROUP}"
+        )
+    # The draft's KV cache dtype is the server's (--speculative-draft-kv-cache-dtype), never the
+    # checkpoint's: a KV quantization it declares would otherwise be ignored.
+    for key in ("kv_cache_quant_algo", "kv_cache_scheme"):
+        if quant.get(key) not in (None, "auto"):
+            raise RefusedCheckpoint(
+                f"draft config field 'quantization_config.{key}' ({quant[key]!r}) declares a quantized "
+                f"draft KV cache; sglang-dflash takes the draft's KV dtype from the server's "
+                f"arguments (--speculative-draft-kv-cache-dtype); {WAY_OUT}"
+            )
+    return Nvfp4Weights(quant["quant_algo"])
 
 
 def _checked_pairs(
-    shapes: dict[str, tuple], fp8: set[str], quant: Fp8Weights
-) -> tuple[dict[str, str], set[str]]:
-    """shapes: every tensor's; fp8: the names of the fp8 ones. -> fp8 weight name -> its scale's
-    name, and the names to drop (scales, input scales). Refuses an fp8 weight without its scale
-    or with a misshapen one, and a scale without an fp8 weight."""
-    scale_suffix = "." + _scale_name(quant)
-    static = quant.activation_scheme == "static"
+    shapes: dict[str, tuple], quantized: set[str], quant: QuantizedWeights
+) -> tuple[dict[str, dict[str, str]], set[str]]:
+    """shapes: every tensor's; quantized: the names of the weights stored quantized. -> each
+    quantized weight's scales (suffix -> tensor name), and the names to drop (scales, unused
+    activation scales). Refuses a quantized weight without a scale or with a misshapen one, and a
+    scale without a quantized weight."""
     pairs, drop = {}, set()
     for name in sorted(shapes):
-        if name.endswith(".weight") and name in fp8:
-            scale = name[: -len(".weight")] + scale_suffix
-            if scale not in shapes:
-                raise CheckpointError(f"fp8 draft weight {name!r} has no {scale!r}")
-            want, got = scale_shape(quant, shapes[name]), shapes[scale]
-            if math.prod(got) != math.prod(want) or (want and got != want):
-                raise CheckpointError(
-                    f"fp8 draft weight {name!r} of shape {shapes[name]} needs {scale!r} of shape "
-                    f"{want or '(one value)'}, found {got}"
-                )
-            pairs[name] = scale
-        elif name.endswith(scale_suffix) or (static and name.endswith(".input_scale")):
-            weight = name.rsplit(".", 1)[0] + ".weight"
-            if weight not in fp8:
-                raise CheckpointError(f"draft checkpoint tensor {name!r} scales no fp8 weight ({weight!r})")
+        base, _, suffix = name.rpartition(".")
+        if suffix == "weight" and name in quantized:
+            if len(shapes[name]) != 2:
+                raise CheckpointError(f"quantized draft weight {name!r} has shape {shapes[name]}, not 2-D")
+            pairs[name] = {}
+            for scale_suffix, want in quant.scales(shapes[name]).items():
+                scale = f"{base}.{scale_suffix}"
+                if scale not in shapes:
+                    raise CheckpointError(f"quantized draft weight {name!r} has no {scale!r}")
+                got = shapes[scale]
+                if math.prod(got) != math.prod(want) or (want and got != want):
+                    raise CheckpointError(
+                        f"quantized draft weight {name!r} of shape {shapes[name]} needs {scale!r} of "
+                        f"shape {want or '(one value)'}, found {got}"
+                    )
+                pairs[name][scale_suffix] = scale
+        elif suffix in quant.scales((1, NVFP4_GROUP)) or suffix in quant.unused():
+            if f"{base}.weight" not in quantized:
+                raise CheckpointError(f"draft checkpoint tensor {name!r} scales no quantized weight")
             drop.add(name)
     return pairs, drop
 
@@ -150,22 +244,22 @@ def _checked_pairs(
 Header = dict[str, tuple[tuple, str]]  # tensor name -> (shape, dtype name)
 
 
-def dequantize_header(header: Header, quant: Fp8Weights) -> Header:
+def dequantize_header(header: Header, quant: QuantizedWeights) -> Header:
     """A safetensors header (name -> (shape, dtype)) as the dequantised checkpoint's: scales
-    checked against their weights' shapes and removed, fp8 weights made float32."""
-    fp8 = {name for name, (_, dtype) in header.items() if dtype in FP8_DTYPES}
-    pairs, drop = _checked_pairs({name: shape for name, (shape, _) in header.items()}, fp8, quant)
+    checked against their weights' shapes and removed, quantized weights made float32."""
+    quantized = {name for name, (_, dtype) in header.items() if dtype in quant.stored}
+    pairs, drop = _checked_pairs({name: shape for name, (shape, _) in header.items()}, quantized, quant)
     out = {name: value for name, value in header.items() if name not in drop}
-    out.update({weight: (header[weight][0], "F32") for weight in pairs})
+    out.update({weight: (quant.weight_shape(header[weight][0]), "F32") for weight in pairs})
     return out
 
 
-def dequantize_state(state: dict[str, torch.Tensor], quant: Fp8Weights) -> tuple[dict, int]:
-    """The checkpoint's tensors with every fp8 weight dequantised to float32 and the scales
+def dequantize_state(state: dict[str, torch.Tensor], quant: QuantizedWeights) -> tuple[dict, int]:
+    """The checkpoint's tensors with every quantized weight dequantised to float32 and the scales
     removed; and how many weight elements were dequantised."""
-    fp8 = {name for name, t in state.items() if t.dtype == torch.float8_e4m3fn}
-    pairs, drop = _checked_pairs({name: tuple(t.shape) for name, t in state.items()}, fp8, quant)
+    quantized = {name for name, t in state.items() if str(t.dtype) in quant.stored}
+    pairs, drop = _checked_pairs({name: tuple(t.shape) for name, t in state.items()}, quantized, quant)
     out = {name: t for name, t in state.items() if name not in drop}
-    for weight, scale in pairs.items():
-        out[weight] = dequantize_weight(state[weight], state[scale], quant)
-    return out, sum(state[weight].numel() for weight in pairs)
+    for weight, scales in pairs.items():
+        out[weight] = quant.dequantize(state[weight], {s: state[n] for s, n in scales.items()})
+    return out, sum(out[weight].numel() for weight in pairs)

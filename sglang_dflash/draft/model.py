@@ -344,6 +344,12 @@ class DFlashDraftModel(nn.Module):
             self.candidate_selector = CandidateSelector(
                 config.hidden_size, config.vocab_size, config.selector_rank, config.selector_top_k
             )
+        if config.own_embedding:  # Nemotron-3.5: the draft embeds its block itself (`runtime.py`)
+            if config.vocab_size is None:
+                raise ValueError(
+                    "a draft's own embedding needs its vocab_size resolved (`with_target_vocab`)"
+                )
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.lilicorr is not None:  # LiLiCorr: the proposals' head (`propose/lilicorr.py`)
             self.lilicorr = LiLiCorrHead(
                 config.hidden_size, config.block_size, config.rms_norm_eps, config.lilicorr

@@ -78,6 +78,17 @@ class TargetHead:
         self.local_width = rows
 
     @torch.no_grad()
+    def use_draft_embedding(self, table: torch.nn.Embedding, mask_token_id: int, trained=None) -> None:
+        """Embed the draft's blocks with the draft's own `table` (a Nemotron-3.5 draft's
+        `embed_tokens`, whole on every rank), as SGLang's built-in does for such a draft. The
+        target's embedding stays `embedding` (LiLiCorr's candidates read the target's). A trained
+        mask row (`mask_embedding.pt`) is written into `table`, which only the draft reads."""
+        if trained is not None:
+            table.weight[mask_token_id] = trained.to(device=table.weight.device, dtype=table.weight.dtype)
+        self.embed = table
+        self.mask_row_kind = "trained, in the draft's own table" if trained is not None else "draft's own"
+
+    @torch.no_grad()
     def use_trained_mask_row(self, mask_token_id: int, trained: torch.Tensor) -> None:
         """Embed `mask_token_id` with a trained row (`mask_embedding.pt`) in the draft's blocks.
 
