@@ -9,12 +9,19 @@ equivalent draft: fc([h2, h1, h2]) with fc.weight [A | B | C] equals fc([h1, h2]
 
 import json
 import os
+import pathlib
+import re
 
 import pytest
 import torch
 
-from sglang_dflash.checkpoint.config import DFlashDraftConfig
-from sglang_dflash.draft.target_features import FeatureLayout, captured_chunk_of
+from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
+from sglang_dflash.draft.target_features import (
+    CAPTURES_AFTER_LAST_LAYER,
+    FeatureLayout,
+    captured_chunk_of,
+    captures_after_last_layer,
+)
 from tests import engines, tiny_models
 
 H = 4
@@ -52,6 +59,73 @@ def test_the_default_ids_of_a_two_layer_draft_on_a_four_layer_target_repeat_a_la
     config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(num_layers=2, num_target_layers=4))
     assert config.resolve_target_layer_ids(4) == (1, 1)
     assert captured_chunk_of([1, 1]) == (0, 0)
+
+
+def test_the_last_layer_is_served_where_sglangs_class_captures_after_it():
+    """Id L-1 (after the last layer): served when the target's class (or an ancestor) captures
+    past its layer loop, refused by name otherwise."""
+    config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(target_layer_ids=[0, 3]))
+
+    class GptOssForCausalLM:  # named as SGLang's
+        pass
+
+    class Derived(GptOssForCausalLM):
+        pass
+
+    class LlamaForCausalLM:
+        pass
+
+    assert captures_after_last_layer(Derived()) == "GptOssForCausalLM"
+    assert captures_after_last_layer(LlamaForCausalLM()) is None
+    assert config.check_target(
+        hidden_size=64, vocab_size=384, num_layers=4, after_last_layer=captures_after_last_layer(Derived())
+    ) == (0, 3)
+    with pytest.raises(CheckpointError, match=r"out of range \[0, 2\] .*whose SGLang class captures past"):
+        config.check_target(hidden_size=64, vocab_size=384, num_layers=4, after_last_layer=None)
+    with pytest.raises(CheckpointError, match=r"has 4 at index 1, out of range \[0, 3\] for a target with 4"):
+        DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(target_layer_ids=[0, 4])).check_target(
+            hidden_size=64, vocab_size=384, num_layers=4, after_last_layer="GptOssForCausalLM"
+        )
+
+
+# class -> (the SGLang module defining it, the module whose model captures past its layer loop)
+CAPTURING = {
+    "MiMoV2ForCausalLM": ("mimo_v2", "mimo_v2"),
+    "GptOssForCausalLM": ("gpt_oss", "gpt_oss"),
+    "LagunaForCausalLM": ("laguna", "laguna"),
+    "Lfm2ForCausalLM": ("lfm2", "lfm2"),
+    "Lfm2MoeForCausalLM": ("lfm2_moe", "lfm2_moe"),
+    "Lfm2VlForConditionalGeneration": ("lfm2_vl", "lfm2"),
+    "Gemma4ForCausalLM": ("gemma4_causal", "gemma4_causal"),
+    "Gemma4ForConditionalGeneration": ("gemma4_mm", "gemma4_causal"),
+    "NemotronHForCausalLM": ("nemotron_h", "nemotron_h"),
+    "NemotronH_Nano_VL_V2": ("nano_nemotron_vl", "nemotron_h"),
+    "MiniMaxM3SparseForConditionalGeneration": ("minimax_m3_vl", "minimax_m3"),
+}
+# Classes that capture only inside their layer loop (a sample of the common targets).
+NOT_CAPTURING = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+AFTER_THE_LOOP = re.compile(
+    r"(num_hidden_layers|num_layers|end_layer|len\(self\.layers\)) in self\.layers_to_capture"
+)
+
+
+def _sglang_model_source(module: str) -> str:
+    import importlib.util
+
+    return pathlib.Path(importlib.util.find_spec(f"sglang.srt.models.{module}").origin).read_text()
+
+
+@pytest.mark.sglang  # reads SGLang's model sources
+def test_the_classes_named_are_sglangs_that_capture_after_the_last_layer():
+    assert set(CAPTURING) == CAPTURES_AFTER_LAST_LAYER
+    for name, (defining, capturing) in CAPTURING.items():
+        source = _sglang_model_source(defining)
+        assert re.search(rf"^class {name}\(", source, re.M), name
+        assert "def set_dflash_layers_to_capture" in source, name
+        assert AFTER_THE_LOOP.search(_sglang_model_source(capturing)), name
+    for name, module in NOT_CAPTURING.items():
+        source = _sglang_model_source(module)
+        assert re.search(rf"^class {name}\(", source, re.M) and not AFTER_THE_LOOP.search(source), name
 
 
 def _fold(draft: str, out: str, layer_ids: list[int]) -> str:

@@ -475,20 +475,31 @@ class DFlashDraftConfig:
 
     # ------------------------------------------------------- pairing with a target
 
-    def resolve_target_layer_ids(self, target_num_layers: int) -> tuple[int, ...]:
+    def resolve_target_layer_ids(
+        self, target_num_layers: int, after_last_layer: Optional[str] = None
+    ) -> tuple[int, ...]:
         """The target layers whose outputs feed the draft, checked against the target.
 
         SGLang captures the residual stream *entering* layer `id + 1`, so the last usable id is
-        L-2 for a target with L layers.
+        L-2 for a target with L layers; L-1 too on a target whose class also captures after its
+        last layer (`after_last_layer`: its name, `target_features.captures_after_last_layer`).
         """
         ids = self.target_layer_ids
         if ids is None:
             ids = tuple(build_target_layer_ids(target_num_layers, self.num_hidden_layers))
+        last = target_num_layers - (1 if after_last_layer else 2)
         for i, layer_id in enumerate(ids):
-            if not 0 <= layer_id <= target_num_layers - 2:
+            if not 0 <= layer_id <= last:
+                why = ""
+                if layer_id == target_num_layers - 1:
+                    why = (
+                        ": id L-1 (after the last layer) is served on the targets whose SGLang class "
+                        "captures past its layer loop (MiMo-V2, gpt-oss, Laguna, LFM2, Gemma-4, Nemotron-H, "
+                        "MiniMax-M3 VL), and this one's does not"
+                    )
                 raise CheckpointError(
                     f"draft config field 'target_layer_ids' has {layer_id} at index {i}, out of "
-                    f"range [0, {target_num_layers - 2}] for a target with {target_num_layers} layers"
+                    f"range [0, {last}] for a target with {target_num_layers} layers{why}"
                 )
         return ids
 
@@ -505,8 +516,11 @@ class DFlashDraftConfig:
         codebooks have one row per token)."""
         return self if self.vocab_size is not None else dataclasses.replace(self, vocab_size=vocab_size)
 
-    def check_target(self, *, hidden_size: int, vocab_size: int, num_layers: int) -> tuple[int, ...]:
-        """Validate the pairing with a target; return the resolved target layer ids."""
+    def check_target(
+        self, *, hidden_size: int, vocab_size: int, num_layers: int, after_last_layer: Optional[str] = None
+    ) -> tuple[int, ...]:
+        """Validate the pairing with a target; return the resolved target layer ids
+        (`after_last_layer`: see `resolve_target_layer_ids`)."""
         if hidden_size != self.hidden_size:
             raise CheckpointError(
                 f"draft config field 'hidden_size' is {self.hidden_size} but the target's "
@@ -532,4 +546,4 @@ class DFlashDraftConfig:
                 f"draft config field 'mask_token_id' is {self.mask_token_id}, at or beyond the "
                 f"target's vocab_size {vocab_size}"
             )
-        return self.resolve_target_layer_ids(num_layers)
+        return self.resolve_target_layer_ids(num_layers, after_last_layer)

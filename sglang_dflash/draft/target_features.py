@@ -22,6 +22,19 @@ from typing import Optional, Sequence
 
 import torch
 
+# SGLang 0.5.23's DFLASH target classes that also capture after their last layer (pre-norm): their
+# models check `num_hidden_layers` (or `end_layer`, `len(layers)`) against `layers_to_capture`
+# past the layer loop, so the id L-1, mapped to L by `set_dflash_layers_to_capture`, is captured.
+# On every other class nothing would be captured for it. Subclasses inherit it (checked by MRO).
+CAPTURES_AFTER_LAST_LAYER = frozenset(
+    {
+        "MiMoV2ForCausalLM", "GptOssForCausalLM", "LagunaForCausalLM", "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration", "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration", "NemotronHForCausalLM", "NemotronH_Nano_VL_V2",
+        "MiniMaxM3SparseForConditionalGeneration",
+    }
+)  # fmt: skip
+
 # Drafts whose ids are layer *outputs* on a Muse Glimmer target, which captures layer inputs:
 # SGLang captures id + 1 for them (model_runner_components/spec_aux_hidden_state.py).
 MUSE_LAYER_OUTPUT_DRAFTS = frozenset({"DFlash2DraftModel", "MuseGlimmerAssistantModel"})
@@ -35,6 +48,11 @@ def captured_layer_ids(
     order, and so the `fc` layout below, is the same either way (the shift keeps the order)."""
     shift = target_model_type == "muse_glimmer" and draft_architecture in MUSE_LAYER_OUTPUT_DRAFTS
     return [i + 1 for i in layer_ids] if shift else list(layer_ids)
+
+
+def captures_after_last_layer(model) -> Optional[str]:
+    """The name of `model`'s class (or the ancestor) in `CAPTURES_AFTER_LAST_LAYER`; None if none."""
+    return next((c.__name__ for c in type(model).__mro__ if c.__name__ in CAPTURES_AFTER_LAST_LAYER), None)
 
 
 def captured_chunk_of(layer_ids: Sequence[int]) -> Optional[tuple[int, ...]]:
