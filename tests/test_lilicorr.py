@@ -12,8 +12,8 @@
   moved on reads as unknown.
 * The config is read as SGLang's `_parse_lilicorr_config` reads it, and the checkpoint's head
   loads (missing or extra tensors named), whole on every tensor-parallel rank.
-The engine test (greedy lossless, acceptance above 1, every anchor known) is the "lilicorr"
-shape of test_target_shapes.py.
+The engine test (greedy lossless, acceptance above 1, every anchor known, sampled requests) is
+the "window16-lilicorr" shape of test_target_shapes.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ own `dequantize_nvfp4` (layers/quantization/dequantization.py) of each stored we
 exactly, and stay near the original weights (the format's rounding). The header check (for the
 launching process) names a missing or misshapen scale; every other quantization method, and a
 key the format's SGLang config does not read, is refused by name. The engine tests (greedy
-lossless, acceptance above 1) are the "draft-options" (fp8) and "nemotron" (NVFP4) shapes of
+lossless, acceptance above 1) are the "draft-options" (fp8) and "page16-nemotron" (NVFP4) shapes of
 test_target_shapes.py.
 """
 

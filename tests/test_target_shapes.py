@@ -6,10 +6,11 @@ The Mistral case also serves a draft whose config has neither block_size nor mas
 embedding, MiMo's attention sinks, value scale and window on every layer, grouped
 convolution, and fp8 weights with block scales (dequantised at load), "dflash2" a DFlash2
 draft whose proposals walk its candidate selector, "domino" a draft whose proposals roll out
-through Domino's projector over a candidate pool, "laguna" a Laguna draft (gated attention,
-per-slice feature norms; the llama target's plain outputs are shared), "lilicorr" a LiLiCorr
-draft whose proposals walk its head's lattice, with every request's anchor known at every step,
-and "nemotron" a Nemotron-3.5 draft: its own token embedding and NVFP4 weights.
+through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated attention,
+per-slice feature norms; the llama target's plain outputs are shared). The page16 shape's draft
+is a Nemotron-3.5 draft (its own token embedding and NVFP4 weights), and the window16 shape's a
+LiLiCorr draft whose proposals walk its head's lattice, with every request's anchor known at
+every step.
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
 16 prompts x batch sizes {1, 8}. The targets favour one token (`make_family_target`), so the
@@ -55,21 +56,21 @@ SHAPES = {
     "llama": ("llama", {}, {}),
     "mistral": ("mistral", {}, {}),  # with a draft config that has no block_size (see below)
     "qwen3_moe": ("qwen3_moe", {"enable_return_routed_experts": True}, {}),
-    "page16": ("llama", {"page_size": 16}, {}),
-    "window16": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
+    # Paging and the draft's window are orthogonal to the draft's family: these two shapes also
+    # serve a Nemotron-3.5 draft (own embedding, NVFP4 weights) and a LiLiCorr draft.
+    "page16-nemotron": ("llama", {"page_size": 16}, {}),
+    "window16-lilicorr": ("llama", {}, {"speculative_draft_window_size": WINDOW}),
     "draft-options": ("llama", {}, {}),  # with DRAFT_OPTIONS (see below)
     "dflash2": ("llama", {}, {}),  # draft "a" with a candidate selector (MiniMax's DFlash2 alias)
     # draft "a" with Domino's projector, its rollout over a candidate pool of 16
     "domino": ("llama", {}, {"speculative_domino_candidate_pool_size": 16}),
     "laguna": ("llama", {}, {}),  # draft "a" as a Laguna draft: per-element gates, per-slice norms
-    "lilicorr": ("llama", {}, {}),  # draft "a" with a LiLiCorr head (leaning to the top candidates)
-    "nemotron": ("llama", {}, {}),  # draft "a" as a Nemotron-3.5 draft (own embedding, NVFP4)
 }
 # How each shape's draft proposes (`propose/proposers.py`; the server info's "dflash_proposals").
 PROPOSALS = {
     "dflash2": "candidate selector",
     "domino": "Domino rollout (greedy over a candidate pool of 16",
-    "lilicorr": "LiLiCorr lattice (top 4; greedy and sampled walks)",
+    "window16-lilicorr": "LiLiCorr lattice (top 4; greedy and sampled walks)",
 }
 # The plain options SGLang's built-in serves, all at once (test_draft_options.py checks each
 # against SGLang's own modules): served end to end, lossless, and still accepting.
@@ -195,9 +196,9 @@ def served(request, tiny):
         draft = add_domino(tiny.edited_draft("a", "domino", lambda d: None), scale=1.0)
     if request.param == "laguna":
         draft = add_laguna(tiny.edited_draft("a", "laguna", lambda d: None), gate_scale=1.0)
-    if request.param == "lilicorr":
+    if request.param == "window16-lilicorr":  # a LiLiCorr head leaning to the top candidates
         draft = add_lilicorr(tiny.edited_draft("a", "lilicorr", lambda d: None))
-    if request.param == "nemotron":
+    if request.param == "page16-nemotron":  # draft "a" as a Nemotron-3.5 draft
         draft = make_nemotron_35(tiny.edited_draft("a", "nemotron", lambda d: None), target)
     engine = engines.start(target, draft, fixed_width=True, **flags, **spec_flags)
     yield request.param, want, engine
@@ -214,8 +215,8 @@ def test_greedy_matches_target(served, batch_size):
     assert state["dflash_proposals"].startswith(PROPOSALS.get(shape, "argmax"))
     weights = state["dflash_draft_weights"]  # the draft-options draft is stored in fp8, nemotron's in NVFP4
     assert weights.startswith("fp8 e4m3 (16x24 block scales") == (shape == "draft-options"), weights
-    assert weights.startswith("NVFP4 e2m1 (W4A16_NVFP4") == (shape == "nemotron"), weights
-    assert ("its own token embedding [384, 64]" in weights) == (shape == "nemotron"), weights
+    assert weights.startswith("NVFP4 e2m1 (W4A16_NVFP4") == (shape == "page16-nemotron"), weights
+    assert ("its own token embedding [384, 64]" in weights) == (shape == "page16-nemotron"), weights
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]
@@ -224,7 +225,7 @@ def test_greedy_matches_target(served, batch_size):
         o["meta_info"]["spec_verify_ct"] for o in got
     )
     print(f"{shape} bs {batch_size}: mean acceptance {accepted:.2f}")
-    if shape == "lilicorr":  # each step scored every request with its last committed token's feature
+    if shape == "window16-lilicorr":  # each step scored every request with its last committed token's feature
         known, _, total, *_ = state["dflash_lilicorr_anchors"].split()
         assert known == total and int(total) > 0, state["dflash_lilicorr_anchors"]
         # Sampled requests walk the lattice by sampling, verified with its q (test_lilicorr.py).
