@@ -1,0 +1,221 @@
+"""The README's table of every SGLang target class that captures DFlash features, generated from
+SGLang's own model files so that it cannot drift.
+
+A class is listed when SGLang can build it as a model (it is in a model file's `EntryClass`) and
+it has `set_dflash_layers_to_capture`, defined or inherited from another class of those files:
+what the plugin's start-up check asks of a target (`sglang_dflash/sglang/server_args.py`). The
+files are read with `ast`, not imported (many need a GPU to import).
+
+Each class's status is one of `STATUSES`, kept in `STATUS` below; a class SGLang adds and
+`STATUS` lacks fails `tests/test_targets_table.py`, as does a README whose table is not this
+script's output.
+
+    python scripts/targets_table.py           # print the table
+    python scripts/targets_table.py --write   # rewrite it in README.md, between its markers
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import pathlib
+from dataclasses import dataclass
+from typing import Optional
+
+METHOD = "set_dflash_layers_to_capture"
+BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+STATUSES = {
+    "cpu": "CPU-tested",  # tiny random targets on SGLang's CPU engine, against the engine without DFLASH
+    "reasoned": "reasoned",  # its pool mapped and checked against SGLang's objects; not run
+    "untested": "not run yet",  # should serve (it captures); no test has run it
+    "other": "not a target",  # a draft module (MTP, NextN, EAGLE) or an embedding model
+}
+
+
+def _rows(status: str, note: str, names: str) -> dict[str, tuple[str, str]]:
+    """The same (status, note) for each whitespace-separated class name."""
+    return dict.fromkeys(names.split(), (status, note))
+
+
+# class -> (status, note). Notes name the test or the reason.
+STATUS: dict[str, tuple[str, str]] = {
+    "Qwen3ForCausalLM": ("cpu", "greedy, sampling, grammars, logprobs, serving paths"),
+    "Qwen3MoeForCausalLM": ("cpu", "greedy; routed experts (`test_target_shapes.py`)"),
+    "LlamaForCausalLM": ("cpu", "greedy; page size 16; draft window (`test_target_shapes.py`)"),
+    "MistralForCausalLM": ("cpu", "greedy (`test_target_shapes.py`)"),
+    "Qwen3NextForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache, abort (`test_hybrid.py`)"),
+    "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid.py`)"),
+    "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid.py`)"),
+    "Qwen3_5ForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
+    "GptOssForCausalLM": ("reasoned", "SWA pool mapping; SGLang's CPU attention lacks its sinks"),
+    **_rows(
+        "reasoned", "SWA pool mapping, scaled embeddings", "Gemma4ForCausalLM Gemma4ForConditionalGeneration"
+    ),
+    **_rows("reasoned", "MLA pool mapping", "DeepseekV3ForCausalLM KimiK25ForConditionalGeneration"),
+    # Served by the same code and not in the suite yet: what is known of each.
+    **_rows(
+        "untested",
+        "llama family; served lossless in a one-off CPU run, not in the suite",
+        "Phi3ForCausalLM InternLM3ForCausalLM IQuestCoderForCausalLM NanbeigeForCausalLM",
+    ),
+    **_rows(
+        "untested",
+        "SWA pool; served lossless in a one-off CPU run, not in the suite",
+        "LagunaForCausalLM MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration",
+    ),
+    **_rows(
+        "untested",
+        "served lossless in a one-off CPU run, not in the suite",
+        "Qwen3_5MoeForConditionalGeneration",
+    ),
+    **_rows(
+        "untested",
+        "SWA pool; a one-off CPU run hit a float/bf16 mismatch in the LM head read-out",
+        "BeamForCausalLM",
+    ),
+    **_rows(
+        "untested",
+        "SGLang's capture method calls its inner model, which lacks it (start-up fails)",
+        "Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration",
+    ),
+    **_rows(
+        "untested",
+        "Mamba2 hybrid; SGLang's CPU engine needs Triton for its convolution",
+        "NemotronHForCausalLM NemotronHPuzzleForCausalLM NemotronH_Nano_VL_V2 "
+        "NemotronH_Nano_Omni_Reasoning_V3 NemotronH_Omni_Reasoning_V3",
+    ),
+    **_rows(
+        "untested",
+        "SGLang's CPU engine needs a Triton driver for it",
+        "Lfm2ForCausalLM Lfm2MoeForCausalLM Lfm2VlForConditionalGeneration",
+    ),
+    **_rows(
+        "untested",
+        "SGLang's CPU engine fails in its rotary factory on per-layer RoPE settings",
+        "MiMoV2ForCausalLM MiMoV2FlashForCausalLM",
+    ),
+    **_rows(
+        "untested",
+        "MLA pool; SGLang's torch_native MLA path fails on the tiny configs tried",
+        "DeepseekV2ForCausalLM Glm4MoeLiteForCausalLM",
+    ),
+    **_rows(
+        "untested",
+        "CUDA-only in SGLang",
+        "DeepseekV32ForCausalLM GlmMoeDsaForCausalLM Glm5NextForConditionalGeneration "
+        "KimiK3ForConditionalGeneration KimiK3LinearForCausalLM MiniMaxM3SparseForConditionalGeneration "
+        "InklingForConditionalGeneration",
+    ),
+    **_rows(
+        "untested", "its fp8 KV cache needs AMX on SGLang's CPU engine", "MuseSparkForConditionalGeneration"
+    ),
+    **_rows(
+        "untested",
+        "",
+        "Cosmos3ForConditionalGeneration Gemma4UnifiedForConditionalGeneration "
+        "InternS1ProForConditionalGeneration InternS2MobiusForConditionalGeneration "
+        "InternS2PreviewForConditionalGeneration Llama4ForCausalLM MellumForCausalLM Ministral3ForCausalLM "
+        "MistralLarge3ForCausalLM Qwen4ExpForConditionalGeneration TeleFLMForCausalLM",
+    ),
+    "Lfm2BidirectionalModel": ("other", "an embedding model (bidirectional): nothing to decode"),
+    **_rows(
+        "other",
+        "a draft module (MTP, NextN, EAGLE) that inherits its target's method",
+        "DeepseekV3ForCausalLMNextN Gemma4AssistantForCausalLM Gemma4UnifiedAssistantForCausalLM "
+        "GlmMoeDsaForCausalLMNextN Glm4MoeLiteForCausalLMNextN Glm5NextForConditionalGenerationNextN "
+        "LlamaForCausalLMEagle LlamaForCausalLMEagle3 MiMoV2MTP MistralForCausalLMEagle "
+        "MistralLarge3ForCausalLMEagle NemotronHForCausalLMMTP Qwen3MoeForCausalLMMTP "
+        "Qwen3NextForCausalLMMTP",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TargetClass:
+    name: str
+    module: str  # the file under sglang/srt/models, without .py
+    defines: Optional[str]  # the class that defines the method (itself or an ancestor)
+
+
+def models_dir() -> pathlib.Path:
+    return pathlib.Path(importlib.util.find_spec("sglang.srt.models").submodule_search_locations[0])
+
+
+def _entry_names(node: ast.Assign) -> list[str]:
+    value = node.value
+    items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+    return [item.id for item in items if isinstance(item, ast.Name)]
+
+
+def _base_name(base: ast.expr) -> Optional[str]:
+    if isinstance(base, ast.Name):
+        return base.id
+    return base.attr if isinstance(base, ast.Attribute) else None
+
+
+def capturing_classes(root: Optional[pathlib.Path] = None) -> list[TargetClass]:
+    """SGLang's entry classes with the method, defined or inherited (by base-class name across
+    the model files), sorted by module then name."""
+    classes: dict[str, tuple[str, list[str], bool]] = {}  # name -> (module, bases, defines)
+    entries: dict[str, str] = {}  # entry class -> module
+    for file in sorted((root or models_dir()).glob("*.py")):
+        tree = ast.parse(file.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                defines = any(isinstance(n, ast.FunctionDef) and n.name == METHOD for n in node.body)
+                bases = [name for name in map(_base_name, node.bases) if name]
+                classes.setdefault(node.name, (file.stem, bases, defines))
+            elif isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "EntryClass" for t in node.targets
+            ):
+                entries.update(dict.fromkeys(_entry_names(node), file.stem))
+
+    def definer(name: str, seen: frozenset = frozenset()) -> Optional[str]:
+        if name not in classes or name in seen:
+            return None
+        _, bases, defines = classes[name]
+        if defines:
+            return name
+        return next((d for d in (definer(b, seen | {name}) for b in bases) if d), None)
+
+    found = [TargetClass(name, module, definer(name)) for name, module in entries.items()]
+    return sorted((c for c in found if c.defines), key=lambda c: (c.module, c.name))
+
+
+def table(classes: list[TargetClass]) -> str:
+    """The markdown table (every class must have a `STATUS`)."""
+    lines = ["| SGLang class | Model file | Status | Notes |", "| --- | --- | --- | --- |"]
+    for c in classes:
+        status, note = STATUS[c.name]
+        lines.append(f"| `{c.name}` | `{c.module}.py` | {STATUSES[status]} | {note} |")
+    counts = {label: sum(STATUS[c.name][0] == key for c in classes) for key, label in STATUSES.items()}
+    summary = ", ".join(f"{n} {label}" for label, n in counts.items())
+    return "\n".join([f"{len(classes)} classes: {summary}.", "", *lines])
+
+
+def readme_block(text: str) -> str:
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:end].strip("\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    args = parser.parse_args()
+    generated = table(capturing_classes())
+    if not args.write:
+        print(generated)
+        return
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    README.write_text(text[:start] + "\n" + generated + "\n" + text[end:])
+    print(f"README.md: {len(generated.splitlines()) - 4} classes")
+
+
+if __name__ == "__main__":
+    main()
