@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_dflash.propose.grammar import DRAFT_TOP_K, GrammarWindow, allows, walk_window
+from sglang_dflash.propose.grammar import DRAFT_TOP_K, GrammarWindow, allows, describe_choices, walk_window
 from tests.tiny_models import EOS_ID
 
 VOCAB = 384
@@ -182,6 +182,8 @@ def test_grammar_aware_proposals_are_the_masked_argmax(name, tokenizer):
     proposals, mask = window(reqs, logits.argmax(-1), logits)
 
     assert window.full_vocab_choices >= 1
+    assert window.choices == width - 1  # one choice per proposal slot of the constrained request
+    assert describe_choices(window).startswith(f"{window.full_vocab_choices} of {width - 1} grammar-aware")
     assert len(legal_digits) < VOCAB - DRAFT_TOP_K
     history = ids[:2]
     for t in range(width - 1):

@@ -189,6 +189,9 @@ def test_grammar_outputs_equal_the_reference_and_validate(dflash, reference, bat
         assert o["meta_info"]["finish_reason"]["type"] == "stop", case  # the grammar completed
         assert GRAMMARS[case[0]][1](o["text"]), (case, o["text"])
     assert sum(o["meta_info"]["spec_verify_ct"] for o in got) < sum(len(o["output_ids"]) for o in got)
+    # The server info counts the grammar-aware proposals, and those the draft did not rank.
+    beyond, _, chosen, *_ = engines.server_state(dflash)["dflash_grammar_proposals"].split()
+    assert int(chosen) > 0 and 0 <= int(beyond) <= int(chosen)
 
 
 def test_the_draft_plans_with_exact_host_lengths(dflash):

@@ -128,7 +128,11 @@ class GrammarWindow:
     def __init__(self, propose: bool, vocab_size: int):
         self.propose = propose
         self.vocab_size = vocab_size
-        self.full_vocab_choices = 0  # proposals none of the draft's top-K allowed (diagnostics)
+        # Grammar-aware proposals chosen, and those none of the draft's ranked candidates allowed
+        # (taken from the whole vocabulary): a proposal the draft did not rank costs acceptance,
+        # so the server info reports both (`describe`).
+        self.choices = 0
+        self.full_vocab_choices = 0
 
     def __call__(
         self,
@@ -183,6 +187,7 @@ class GrammarWindow:
         view = mask.numpy()
 
         def best_legal(t: int, row: int) -> int:
+            self.choices += 1
             for token in candidates[t - 1]:
                 if token >= 0 and allows(view, row, token):
                     return token
@@ -195,6 +200,15 @@ class GrammarWindow:
             return int(torch.argmax(logits, dim=-1))  # host sync, rare
 
         return best_legal
+
+
+def describe_choices(window: "GrammarWindow") -> str:
+    """For the server info: how many grammar-aware proposals came from beyond the draft's ranked
+    candidates."""
+    return (
+        f"{window.full_vocab_choices} of {window.choices} grammar-aware proposals came from beyond the "
+        f"draft's top {DRAFT_TOP_K} candidates"
+    )
 
 
 def _to_device(grammar, mask: torch.Tensor, device) -> torch.Tensor:

@@ -18,6 +18,7 @@ Each hook hands the call back unchanged when the built-in serves DFLASH
 from __future__ import annotations
 
 from sglang_dflash import BUILTIN, use_builtin
+from sglang_dflash.propose.grammar import describe_choices
 
 _installed = False
 
@@ -182,6 +183,9 @@ def _add_speculative_state(original, self, state):
             state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
             if runtime.anchors is not None:  # LiLiCorr: a missing anchor costs acceptance
                 state["dflash_lilicorr_anchors"] = runtime.anchors.describe()
+        window = getattr(worker, "grammar_window", None)
+        if window is not None and window.propose:  # a proposal the draft did not rank costs acceptance
+            state["dflash_grammar_proposals"] = describe_choices(window)
         check = getattr(worker, "context_check", None)
         if check is not None:
             state["dflash_requests_without_draft_context"] = check.requests_without_context
