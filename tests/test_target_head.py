@@ -151,3 +151,15 @@ def test_a_drafts_own_embedding_embeds_its_blocks_and_nothing_else(trained):
     torch.testing.assert_close(head.embed(ids), want)
     assert head.embedding is target_embed
     assert head.mask_row_kind == ("trained, in the draft's own table" if trained else "draft's own")
+
+
+def test_a_head_kept_in_its_own_dtype_reads_the_drafts_hidden_states():
+    """Beam keeps its LM head in bf16 in a float32 engine: the draft's hidden states are read in
+    the head's dtype, as SGLang's logits processor reads the target's (no dtype error)."""
+    torch.manual_seed(7)
+    weight = torch.randn(V, H).to(torch.bfloat16)
+    head = TargetHead(Target(nn.Embedding(V, H), _linear_head(weight)), V)
+    hidden = torch.randn(3, H)  # float32
+    want = torch.nn.functional.linear(hidden.to(torch.bfloat16), weight)
+    torch.testing.assert_close(head.logits(hidden), want)
+    assert torch.equal(head.argmax(hidden), want.argmax(-1))
