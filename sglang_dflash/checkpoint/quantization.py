@@ -24,8 +24,7 @@ Served formats (`parse_quantization`), each weight `X.weight` with its scales be
   "NVFP4" or "W4A16_NVFP4" (group size 16), as `ModelOptFp4Config.from_config` reads the flat
   form. `X.weight` [N, K/2] uint8 holds two e2m1 values a byte, the low nibble first (element 2j
   in the low four bits of byte j); `X.weight_scale` [N, K/16] float8_e4m3fn scales each 16
-  elements of a row, and
-  `X.weight_scale_2` (one float32) the whole tensor:
+  elements of a row, and `X.weight_scale_2` (one float32) the whole tensor:
   W[n, k] = e2m1(w, n, k) * s[n, k // 16] * s2. e2m1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6,
   and 8..15 their negatives; e.g. the byte 0x2F holds code 15 (-6) then code 2 (1), so with
   s = 0.5 and s2 = 2 the pair is [-6, 1]. `X.input_scale` (the W4A4 form's activation scale) is
@@ -77,6 +76,10 @@ class Fp8Weights:
         scales = f"{self.block[0]}x{self.block[1]} block scales" if self.block else "per-tensor scales"
         return f"fp8 e4m3 ({scales}, {self.activation_scheme} activations)"
 
+    def scale_names(self) -> tuple[str, ...]:
+        """The suffixes of the scale tensors beside each quantized `X.weight`."""
+        return ("weight_scale",) if self.block is None else ("weight_scale_inv",)
+
     def scales(self, shape: tuple) -> dict[str, tuple]:
         """The scale tensors a weight of stored `shape` [N, K] carries: suffix -> shape."""
         if self.block is None:
@@ -113,6 +116,9 @@ class Nvfp4Weights:
     def describe(self) -> str:
         activations = "fp4 activations" if self.algo == "NVFP4" else "16-bit activations"
         return f"NVFP4 e2m1 ({self.algo}: fp8 scales per {NVFP4_GROUP} and a global scale, {activations})"
+
+    def scale_names(self) -> tuple[str, ...]:
+        return ("weight_scale", "weight_scale_2")
 
     def scales(self, shape: tuple) -> dict[str, tuple]:
         n, half = shape
@@ -234,7 +240,7 @@ def _checked_pairs(
                         f"shape {want or '(one value)'}, found {got}"
                     )
                 pairs[name][scale_suffix] = scale
-        elif suffix in quant.scales((1, NVFP4_GROUP)) or suffix in quant.unused():
+        elif suffix in quant.scale_names() or suffix in quant.unused():
             if f"{base}.weight" not in quantized:
                 raise CheckpointError(f"draft checkpoint tensor {name!r} scales no quantized weight")
             drop.add(name)
