@@ -34,7 +34,7 @@ from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.propose.lilicorr import AnchorStore, LiLiCorrHead
 from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, proposer_for
 from sglang_dflash.propose.selector import walk
-from sglang_dflash.verify.sampling import TOP_K_ALL
+from tests.test_selector import greedy_and_sampled
 from tests.test_tensor_parallel import ThreadGroup
 from tests.tiny_models import LILICORR_FIELDS, add_lilicorr, draft_config_dict, lilicorr_weights, make_draft
 
@@ -297,17 +297,7 @@ def test_sampled_requests_walk_by_sampling_and_hand_their_q_on():
     lm_head, embedding = torch.randn(V, H, generator=gen), nn.Embedding(V, H)
     block = torch.randn(2, B, H, generator=gen)
     positions = torch.arange(B).repeat(2, 1) + 5
-    info = SimpleNamespace(
-        is_all_greedy=False,
-        temperatures=torch.tensor([[1.0], [1.0]]),
-        top_ks=torch.tensor([1, TOP_K_ALL]),  # request 0 greedy, request 1 sampled
-        top_ps=torch.ones(2),
-        min_ps=torch.zeros(2),
-        sampling_seed=None,
-        need_top_k_sampling=True,
-        need_top_p_sampling=False,
-        need_min_p_sampling=False,
-    )
+    info = greedy_and_sampled()  # request 0 greedy, request 1 sampled
     head = _target_head(lm_head, embedding)
     with torch.no_grad():
         greedy = LiLiCorrProposer(ours, head)(block, ProposalInputs(positions[:, 0], positions))

@@ -105,6 +105,22 @@ def test_vocab_parallel_topk_equals_torch_topk(size):
         torch.testing.assert_close(values, want_values)
 
 
+def greedy_and_sampled() -> SimpleNamespace:
+    """SGLang's `SamplingBatchInfo` as a proposer reads it, for two requests at temperature 1:
+    request 0 greedy (top_k 1), request 1 sampled."""
+    return SimpleNamespace(
+        is_all_greedy=False,
+        temperatures=torch.tensor([[1.0], [1.0]]),
+        top_ks=torch.tensor([1, TOP_K_ALL]),
+        top_ps=torch.ones(2),
+        min_ps=torch.zeros(2),
+        sampling_seed=None,
+        need_top_k_sampling=True,
+        need_top_p_sampling=False,
+        need_min_p_sampling=False,
+    )
+
+
 def test_selector_proposer_walks_the_heads_top_k():
     """Greedy requests get the argmax walk over the head's top-K; sampled ones a draw with q."""
     gen = torch.Generator().manual_seed(3)
@@ -128,17 +144,7 @@ def test_selector_proposer_walks_the_heads_top_k():
     scores = selector.lattice(ids, values, hidden, anchor)
     want, _ = walk(ids, scores, torch.zeros(2, SLOTS), torch.ones(2), torch.ones(2, dtype=torch.bool))
     assert torch.equal(greedy.tokens, want) and greedy.q is None
-    info = SimpleNamespace(
-        is_all_greedy=False,
-        temperatures=torch.tensor([[1.0], [1.0]]),
-        top_ks=torch.tensor([1, TOP_K_ALL]),
-        top_ps=torch.ones(2),
-        min_ps=torch.zeros(2),
-        sampling_seed=None,
-        need_top_k_sampling=True,
-        need_top_p_sampling=False,
-        need_min_p_sampling=False,
-    )
+    info = greedy_and_sampled()
     for slots in (SLOTS, 1):  # under a grammar: logits that rank each slot's candidates by the walk's row
         rows = ProposalInputs(anchor, positions, grammar_rows=[True, False])
         ranked = proposer(window[:, : slots + 1], rows)
