@@ -108,11 +108,15 @@ def test_the_hook_takes_verify_windows_and_passes_everything_else_through():
     token = verify_attention._verify_width.set(width)
     try:
         got = run(enable_gqa=True, causal=True)
-        assert not calls  # served by the batched form
-        run(enable_gqa=True, causal=True, sliding_window_size=8)
-        assert len(calls) == 1  # a sliding layer keeps SGLang's loop
+        got_sliding = run(enable_gqa=True, causal=True, sliding_window_size=8)
+        assert not calls  # both served by the batched form
+        run(enable_gqa=True, causal=False)
+        assert len(calls) == 1  # a non-causal layer keeps SGLang's loop
     finally:
         verify_attention._verify_width.reset(token)
     want = run(enable_gqa=True, causal=True)  # outside a verify forward: SGLang's loop
-    assert len(calls) == 2
+    want_sliding = run(enable_gqa=True, causal=True, sliding_window_size=8)
+    assert len(calls) == 3
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_sliding, want_sliding, rtol=1e-5, atol=1e-5)
+    assert (got_sliding - got).abs().max() > 1e-2  # the window mattered (prefixes up to 37)

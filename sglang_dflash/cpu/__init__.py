@@ -13,6 +13,8 @@
   module level in every process, before any plugin code runs.
 * `verify_attention`: lets the `torch_native` attention backend run TARGET_VERIFY forwards, with
   one masked SDPA per layer for the batch's verify windows.
+* `paged_attention`: that batched SDPA over SGLang's paged KV cache (sliding windows, sinks), and
+  the attention sinks gpt-oss needs, given to `torch_native` in every CPU engine.
 
 See docs/serving.md ("CPU").
 """

@@ -6,8 +6,9 @@ SGLANG_USE_CPU_ENGINE=1, read when a module is imported.
 * The first `import sgl_kernel` tries the real module once; if it cannot load, the stand-ins in
   `sgl_kernel_shim/` are served as the package `sgl_kernel`, and one log line says so.
 * A few SGLang modules are patched right after they are imported (`PATCHES`): where SGLang's
-  CPU branch is gated on AMX support that the stand-ins replace, and where a step of the
-  speculative path is Triton-only.
+  CPU branch is gated on AMX support that the stand-ins replace, where a step of the
+  speculative path is Triton-only, and where the CPU attention lacks a term a model needs
+  (gpt-oss's sinks).
 
 See docs/serving.md ("CPU").
 """
@@ -169,7 +170,24 @@ def _hicache_copies_on_cpu(module) -> None:
     module.transfer_kv_per_layer_pf_lf = kvcacheio.transfer_kv_per_layer_pf_lf
 
 
+def _attention_sinks_on_cpu(module) -> None:
+    """gpt-oss passes attention sinks, which the torch_native backend (the CPU engine's attention
+    without AMX) does not take; `paged_attention` serves those layers."""
+    from sglang_dflash.cpu import paged_attention
+
+    paged_attention.install(module)
+
+
+def _no_triton_kernels_moe_on_cpu(module) -> None:
+    """gpt-oss picks the `triton_kernel` MoE runner whenever the triton_kernels package imports
+    and the host lacks AMX, which on the CPU engine fails at weight load; the CPU engine's own
+    MoE path (`--moe-runner-backend auto`) serves it. A user's explicit choice is kept."""
+    module.is_triton_kernels_available = lambda: False
+
+
 PATCHES = {
+    "sglang.srt.arg_groups.model_overrides.gpt_oss": _no_triton_kernels_moe_on_cpu,
+    "sglang.srt.layers.attention.torch_native_backend": _attention_sinks_on_cpu,
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,

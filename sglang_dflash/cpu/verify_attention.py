@@ -9,10 +9,11 @@ writes the window's K/V and runs its SDPA.
 Its SDPA loops over the requests in Python and, for each, attends all P + W positions as
 queries to keep only the last W rows. For the verify windows this package replaces that loop
 with `chain_verify_attention`: one padded, masked SDPA for the whole batch with only the W
-window queries (`run_sdpa_forward_extend`). Chosen once per process and logged:
-SGLANG_DFLASH_CPU_VERIFY_ATTENTION=per-request keeps SGLang's loop (for comparisons). Layers the
-batched form does not cover (sliding-window, cross-attention, non-causal) keep SGLang's loop;
-SGLang's CPU engine serves no target with such layers on `torch_native`.
+window queries (`run_sdpa_forward_extend`; `paged_attention.py`), sliding-window layers and
+layers with sinks included. Chosen once per process and logged:
+SGLANG_DFLASH_CPU_VERIFY_ATTENTION=per-request keeps SGLang's loop (for comparisons; layers with
+sinks still take the batched form, the only one that has them). Cross-attention and non-causal
+layers keep SGLang's loop; no DFLASH target has them.
 
 See docs/serving.md ("CPU").
 """
@@ -27,9 +28,8 @@ from contextvars import ContextVar
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from sglang_dflash.draft.block import gather_rows, gather_slots
+from sglang_dflash.cpu import paged_attention
 
 logger = logging.getLogger(__name__)
 
@@ -65,30 +65,22 @@ def chain_verify_attention(
     width: int,
     scaling: Optional[float],
     enable_gqa: bool,
+    sliding_window_size: Optional[int] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The verify windows' attention, as one SDPA for the batch.
 
     query [bs*W, Hq, d], row r*W + i at position P_r + i; k_cache, v_cache [slots, Hk, d|dv]
     holding each request's prefix and window (the window's K/V written first, as SGLang does);
-    prefix_lens [bs] -> [bs*W, Hq, dv]. Query i of request r sees keys 0 .. P_r + i: the chain.
-    Keys are gathered padded to max(P) + W; the mask hides the padding.
+    prefix_lens [bs] -> [bs*W, Hq, dv]. Query i of request r sees keys 0 .. P_r + i: the chain
+    (within the layer's sliding window, if any; with its sinks, if any).
     E.g., P = [2, 0], W = 2: request 0's queries see keys {0,1,2}, {0,1,2,3}; request 1's {0}, {0,1}.
     """
-    bs = prefix_lens.shape[0]
-    # The CPU engine's lengths live in host memory: reading their max is not a device sync.
-    length = min(int(prefix_lens.max()) + width, req_to_token.shape[1])
-    slots = gather_slots(req_to_token, req_pool_indices, 0, length)  # [bs, L]
-    keys = gather_rows(k_cache, slots).transpose(1, 2)  # [bs, Hk, L, d]
-    values = gather_rows(v_cache, slots).transpose(1, 2)  # [bs, Hk, L, dv]
-    if keys.dtype != query.dtype:
-        keys, values = keys.to(query.dtype), values.to(query.dtype)
-    q = query.view(bs, width, *query.shape[1:]).transpose(1, 2)  # [bs, Hq, W, d]
-    q_pos = prefix_lens.to(torch.int64)[:, None] + torch.arange(width, device=query.device)  # [bs, W]
-    mask = torch.arange(length, device=query.device)[None, None, :] <= q_pos[:, :, None]  # [bs, W, L]
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask[:, None], scale=scaling, enable_gqa=enable_gqa
-    )  # [bs, Hq, W, dv]
-    return out.transpose(1, 2).reshape(bs * width, out.shape[1], out.shape[3])
+    widths = torch.full_like(prefix_lens, width)
+    return paged_attention.paged_attention(
+        query, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, widths, scaling, enable_gqa,
+        sliding_window_size, sinks,
+    )  # fmt: skip
 
 
 def forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwargs):
@@ -110,14 +102,14 @@ def forward_extend(original, self, q, k, v, layer, forward_batch, *args, **kwarg
 
 def run_sdpa_forward_extend(original, self, *args, **kwargs):
     """Around SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend`: inside a verify forward
-    (batched mode), plain causal self-attention layers take `chain_verify_attention`."""
+    (batched mode), causal self-attention layers (sliding or not, with sinks or not) take
+    `chain_verify_attention`."""
     width = _verify_width.get()
     if width is not None:
         call = _sdpa_signature().bind(self, *args, **kwargs)
         call.apply_defaults()
         a = call.arguments
-        plain = a["causal"] and not a["is_cross_attn"] and a["encoder_lens"] is None
-        if plain and a["sliding_window_size"] is None:
+        if a["causal"] and not a["is_cross_attn"] and a["encoder_lens"] is None:
             out = chain_verify_attention(
                 a["query"],
                 a["k_cache"],
@@ -128,6 +120,8 @@ def run_sdpa_forward_extend(original, self, *args, **kwargs):
                 width,
                 a["scaling"],
                 a["enable_gqa"],
+                a["sliding_window_size"],
+                paged_attention.current_sinks(),
             )
             return a["output"].copy_(out)
     return original(self, *args, **kwargs)
