@@ -2,6 +2,8 @@
 `create_worker` hook (`plugin.py`) before the worker is built:
 
 * TARGET_VERIFY on the CPU engine's `torch_native` attention (`cpu/verify_attention.py`).
+* The target's hidden-state capture on Qwen3-VL, whose SGLang class calls a method its inner
+  model lacks (`draft/target_features.complete_inner_capture`).
 * Request admission: ours replaces the built-in's DFLASH checks (`admission.py`,
   `verify/sampling_mask.py`), and keeps requests whose sampling state only the worker holds out of
   mixed prefill batches.
@@ -17,9 +19,12 @@ Each hook hands the call back unchanged when the built-in serves DFLASH
 
 from __future__ import annotations
 
+import logging
+
 from sglang_dflash import BUILTIN, use_builtin
 from sglang_dflash.propose.grammar import describe_choices
 
+logger = logging.getLogger(__name__)
 _installed = False
 
 
@@ -43,6 +48,8 @@ def install_scheduler_hooks() -> None:
         "layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend": (
             verify_attention.run_sdpa_forward_extend
         ),
+        # The target's capture, where SGLang's own model class cannot set it up.
+        "model_executor.model_runner.ModelRunner.init_attention_backends": _complete_target_capture,
         "managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative": (
             _add_speculative_state
         ),
@@ -63,6 +70,22 @@ def install_scheduler_hooks() -> None:
     for target, hook in hooks.items():
         HookRegistry.register(srt + target, hook, HookType.AROUND)
     HookRegistry.apply_hooks()
+
+
+def _complete_target_capture(original, self, *args, **kwargs):
+    """Before SGLang configures the target's hidden-state capture: Qwen3-VL targets get the inner
+    method SGLang 0.5.23 calls and lacks (`draft/target_features.complete_inner_capture`)."""
+    if self.spec_aux_config.dflash_use_aux_hidden_state and not use_builtin():
+        from sglang_dflash.draft.target_features import complete_inner_capture
+
+        fixed = complete_inner_capture(self.model)
+        if fixed is not None:
+            logger.info(
+                "DFLASH: %s's inner text model lacks set_dflash_layers_to_capture in this SGLang; "
+                "its layers are captured through the inner model's layers_to_capture",
+                fixed,
+            )
+    return original(self, *args, **kwargs)
 
 
 def _stamp_transfer_slots(original, self, req, *args, **kwargs):
