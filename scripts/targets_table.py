@@ -50,16 +50,32 @@ STATUS: dict[str, tuple[str, str]] = {
     "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid.py`)"),
     "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid.py`)"),
     "Qwen3_5ForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
-    "GptOssForCausalLM": ("reasoned", "SWA pool mapping; SGLang's CPU attention lacks its sinks"),
+    "GptOssForCausalLM": (
+        "cpu",
+        "sinks (`cpu/paged_attention.py`), SWA pool, MoE; greedy, prefix cache (`test_target_classes.py`)",
+    ),
+    "Gemma4ForCausalLM": ("cpu", "SWA pool; greedy, prefix cache (`test_target_classes.py`)"),
+    "Gemma4ForConditionalGeneration": ("reasoned", "the text model of `Gemma4ForCausalLM`; SWA pool mapping"),
+    "Qwen3VLForConditionalGeneration": (
+        "cpu",
+        "text requests; SGLang's capture method completed (`test_target_classes.py`)",
+    ),
+    "Qwen3VLMoeForConditionalGeneration": (
+        "reasoned",
+        "a subclass of `Qwen3VLForConditionalGeneration`: the same capture fix applies",
+    ),
+    "Phi3ForCausalLM": ("cpu", "llama family; greedy, prefix cache (`test_target_classes.py`)"),
     **_rows(
-        "reasoned", "SWA pool mapping, scaled embeddings", "Gemma4ForCausalLM Gemma4ForConditionalGeneration"
+        "reasoned",
+        "a `LlamaForCausalLM` subclass with no code of its own, like the CPU-tested `Phi3ForCausalLM`",
+        "InternLM3ForCausalLM IQuestCoderForCausalLM",
     ),
     **_rows("reasoned", "MLA pool mapping", "DeepseekV3ForCausalLM KimiK25ForConditionalGeneration"),
     # Served by the same code and not in the suite yet: what is known of each.
     **_rows(
         "untested",
-        "llama family; served lossless in a one-off CPU run, not in the suite",
-        "Phi3ForCausalLM InternLM3ForCausalLM IQuestCoderForCausalLM NanbeigeForCausalLM",
+        "llama-like; served lossless in a one-off CPU run, not in the suite",
+        "NanbeigeForCausalLM",
     ),
     **_rows(
         "untested",
@@ -75,11 +91,6 @@ STATUS: dict[str, tuple[str, str]] = {
         "untested",
         "SWA pool; the bf16 LM head a one-off CPU run failed on is read in its dtype now, not rerun",
         "BeamForCausalLM",
-    ),
-    **_rows(
-        "untested",
-        "SGLang's capture method calls its inner model, which lacks it (start-up fails)",
-        "Qwen3VLForConditionalGeneration Qwen3VLMoeForConditionalGeneration",
     ),
     **_rows(
         "untested",

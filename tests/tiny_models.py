@@ -108,14 +108,17 @@ TEXT_SHAPE_A = dict(
 
 
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
-    """A tiny target of another dense or MoE family, shaped like target "a" (hidden 64, 4
-    layers, vocab 384) so that it pairs with draft "a": "llama", "mistral" or "qwen3_moe".
-    `favour` as in `make_hybrid_target`. (Sliding-window and MLA families have no builder here:
-    SGLang's CPU engine cannot serve them with torch_native; see test_target_shapes.py.)"""
+    """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
+    that it pairs with draft "a": "llama", "mistral", "qwen3_moe", "phi3", "gemma4"
+    (Gemma4ForCausalLM: three sliding-window layers of window 8, then a full one), "gpt_oss"
+    (sliding and full layers alternating, window 8, attention sinks, MoE) or "qwen3_vl" (the
+    Qwen3-VL wrapper with a one-block vision tower, served here for text). `favour` as in
+    `make_hybrid_target`. (MLA families have no builder here: see test_target_shapes.py.)"""
     import transformers
 
     torch.manual_seed(seed)
     common = dict(TEXT_SHAPE_A, intermediate_size=128, pad_token_id=EOS_ID)
+    extra: dict = {}  # config.json fields SGLang reads that transformers' config does not write
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     elif family == "mistral":
@@ -125,9 +128,55 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True
         )
         model = transformers.Qwen3MoeForCausalLM(config)
+    elif family == "phi3":
+        model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**common))
+    elif family == "gemma4":
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        config = transformers.Gemma4TextConfig(
+            **common,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            sliding_window=8,
+            per_layer_config={},  # one head_dim for every layer
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=TEXT_SHAPE_A["vocab_size"],
+            rope_parameters={"sliding_attention": rope, "full_attention": dict(rope, rope_theta=1e6)},
+        )
+        model = transformers.Gemma4ForCausalLM(config)
+        extra = {"swa_num_key_value_heads": TEXT_SHAPE_A["num_key_value_heads"]}  # SGLang's SWA pool reads it
+    elif family == "gpt_oss":
+        config = transformers.GptOssConfig(
+            **common,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        )
+        model = transformers.GptOssForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)  # sinks about as large as the scores
+    elif family == "qwen3_vl":
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        vision = dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+            deepstack_visual_indexes=[],
+        )  # fmt: skip
+        config = transformers.Qwen3VLConfig(
+            text_config=dict(common, rope_parameters=dict(rope, mrope_interleaved=True)),
+            vision_config=vision,
+            image_token_id=380,
+            video_token_id=381,
+            vision_start_token_id=382,
+            vision_end_token_id=383,
+        )
+        model = transformers.Qwen3VLForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown target family {family!r}")
     _save_peaked(model, path, favour)
+    if family == "qwen3_vl":
+        _save_vl_processor(path)
+    if extra:
+        _edit_json(os.path.join(path, "config.json"), **extra)
     return path
 
 

@@ -1,0 +1,128 @@
+"""More SGLang target classes on the CPU engine, tiny and random (`make_family_target`), each
+served by DFLASH with untrained draft "a":
+
+* Gemma-4 (`Gemma4ForCausalLM`): sliding-window layers on SGLang's SWA pool, which SGLang's CPU
+  engine serves with `torch_native` on hosts without AMX;
+* gpt-oss (`GptOssForCausalLM`): attention sinks, which SGLang's `torch_native` lacks and
+  `cpu/paged_attention.py` gives it, sliding windows, MoE;
+* Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text: its SGLang class calls a capture
+  method its inner model lacks (`draft/target_features.complete_inner_capture`);
+* Phi-3 (`Phi3ForCausalLM`), a llama-family entry class.
+
+For each: the engine without speculation against Hugging Face transformers' greedy ids (an
+oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
+token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
+prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
+gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
+torch_native without AMX).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests import engines
+from tests.tiny_models import make_family_target
+
+pytestmark = pytest.mark.sglang
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+PROMPTS = engines.prompts(8, seed=40, min_len=20, max_len=40)  # longer than gpt-oss/Gemma-4's window (8)
+SHARED_PREFIX = engines.prompts(1, seed=7, min_len=40, max_len=40)[0]
+PREFIXED = [SHARED_PREFIX + p for p in engines.prompts(2, seed=6, min_len=3, max_len=8)]
+
+# name -> (family, seed, favour, engine flags for both engines, minimum acceptance). Seed and
+# favour are chosen so that the favoured token is a fair share of the greedy choices, not all.
+CLASSES = {
+    "gemma4": ("gemma4", 0, 6.0, {"attention_backend": None}, 2.0),
+    "gpt_oss": ("gpt_oss", 0, 3.0, {"attention_backend": None}, 1.2),
+    "qwen3_vl": ("qwen3_vl", 2, 2.5, {}, 1.2),
+    "phi3": ("phi3", 3, 10.0, {}, 1.2),
+}
+SLIDING = {"gemma4", "gpt_oss"}
+ARCHITECTURES = {
+    "gemma4": "Gemma4ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "phi3": "Phi3ForCausalLM",
+}
+
+
+def _serve(engine) -> dict:
+    out = {bs: engines.generate(engine, PROMPTS, GREEDY, bs) for bs in (1, 4)}
+    out["prefixed"] = [engines.generate(engine, [p], GREEDY, 1)[0] for p in PREFIXED]
+    return out
+
+
+def _ids(outputs) -> list:
+    return [o["output_ids"] for o in outputs]
+
+
+@pytest.fixture(scope="module", params=list(CLASSES))
+def served(request, tiny):
+    """(name, target path, plain outputs, DFLASH outputs, DFLASH server state), one class at a time."""
+    name = request.param
+    family, seed, favour, flags, _ = CLASSES[name]
+    target = os.path.join(tiny.root, f"class-{name}")
+    if not os.path.isdir(target):
+        make_family_target(target, family=family, seed=seed, favour=favour)
+    engine = engines.start(target, **flags)
+    try:
+        plain = _serve(engine)
+    finally:
+        engines.shutdown(engine)
+    engine = engines.start(target, tiny.draft("a"), fixed_width=True, **flags)
+    try:
+        engines.flush_cache(engine)
+        dflash = _serve(engine)
+        state = engines.server_state(engine)
+    finally:
+        engines.shutdown(engine)
+    return name, target, plain, dflash, state
+
+
+def test_the_plain_engine_matches_transformers(served):
+    import transformers
+
+    name, target, plain, _, _ = served
+    with open(os.path.join(target, "config.json")) as f:
+        assert ARCHITECTURES[name] in f.read()
+    cls = (
+        transformers.Qwen3VLForConditionalGeneration
+        if name == "qwen3_vl"
+        else transformers.AutoModelForCausalLM
+    )
+    model = cls.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for i, prompt in enumerate(PROMPTS[:4]):
+            ids = model.generate(
+                torch.tensor([prompt]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )[0, len(prompt) :]  # fmt: skip
+            assert ids.tolist() == plain[1][i]["output_ids"], f"{name}: prompt {i}"
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
+    name, _, plain, dflash, state = served
+    assert state["dflash_implementation"].startswith("sglang-dflash")
+    got, want = _ids(dflash[batch_size]), _ids(plain[batch_size])
+    mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert not mismatches, f"{name}: prompts {mismatches} differ"
+    meta = [o["meta_info"] for o in dflash[batch_size]]
+    accepted = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
+    assert accepted > CLASSES[name][4], f"{name}: {accepted:.2f} tokens per verify"
+
+
+def test_a_prefix_cache_round(served):
+    name, _, plain, dflash, _ = served
+    assert _ids(dflash["prefixed"]) == _ids(plain["prefixed"]), name
+    # The second request reuses what the engine without speculation reuses: the shared prefix, or
+    # on the sliding-window targets what SGLang's SWA radix cache keeps of it.
+    cached = [o["meta_info"]["cached_tokens"] for o in dflash["prefixed"]]
+    assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
+    if name not in SLIDING:
+        assert cached[1] >= len(SHARED_PREFIX) - 1
