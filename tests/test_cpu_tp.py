@@ -22,7 +22,7 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
 # Structured output: the draft's full-vocab logits are gathered across ranks to rank its
 # candidates under the grammar (`TargetHead.logits`), instead of the vocab-parallel argmax.
 CONSTRAINED = {"max_new_tokens": 16, "temperature": 0.0, "regex": "[a-z_ ]{4,40}"}
-PROMPTS = engines.prompts(16, seed=50)
+PROMPTS = engines.prompts(8, seed=50)
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def _pair(tiny, name: str) -> tuple[str, str, list[list[int]]]:
 
     target, draft = tiny_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
-    return target, draft, [tokenizer(text).input_ids[-48:] for text in tiny_pair_prompts()[:16]]
+    return target, draft, [tokenizer(text).input_ids[-48:] for text in tiny_pair_prompts()[: len(PROMPTS)]]
 
 
 def _generate(engine, prompts, batch_size: int) -> list[dict]:
@@ -82,7 +82,7 @@ def _run(target, draft=None, prompts=PROMPTS, batch_sizes=(8,), **kwargs) -> dic
 @pytest.mark.parametrize("pair", ["shipped", "b-tp"])
 def test_dflash_at_tp2_is_lossless_and_verifies_the_tp1_proposals(tiny, two_ranks, pair):
     """The shipped pair (target: 4 heads, 2 KV heads, vocab 2048, split in two) and target
-    "b" (6 heads, 2 KV heads) with a draft of 4 heads and 2 KV heads; 16 prompts at batch
+    "b" (6 heads, 2 KV heads) with a draft of 4 heads and 2 KV heads; 8 prompts at batch
     sizes 1 and 8, overlap scheduling on, greedy and under a regex. The TP=1 DFLASH engine
     (lossless against TP=1 without speculation: test_lossless.py) gives the TP=2 plain
     engine's tokens, so the TP=2 plain engine is the TP=1 one's too."""

@@ -1,7 +1,8 @@
 """Greedy losslessness: DFLASH output ids equal the same engine's output without speculation.
 
-Matrix: 16 prompts x batch sizes {1, 4, 16} x verify width B in {4, 8, 16} with overlap
-scheduling on, B in {4, 8} with it off, on two target/draft shapes (see tests/tiny_models.py).
+Matrix: 16 prompts x batch sizes {1, 4, 16} (and one batch of 32): verify width B in {4, 16} with
+overlap scheduling on and 8 with it off on one target/draft shape, B 8 with it on and 4 with it
+off on another (see tests/tiny_models.py).
 """
 
 import pytest
@@ -19,8 +20,6 @@ CONFIGS = [
     ("a", 4, True),
     ("a", 8, False),
     ("a", 16, True),
-    ("a", 4, False),
-    ("a", 8, True),
 ]
 CONFIGS += [("b", 8, True), ("b", 4, False)]
 

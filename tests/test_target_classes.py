@@ -6,8 +6,7 @@ served by DFLASH with untrained draft "a":
 * gpt-oss (`GptOssForCausalLM`): attention sinks, which SGLang's `torch_native` lacks and
   `cpu/paged_attention.py` gives it, sliding windows, MoE;
 * Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text: its SGLang class calls a capture
-  method its inner model lacks (`draft/target_features.complete_inner_capture`);
-* Phi-3 (`Phi3ForCausalLM`), a llama-family entry class.
+  method its inner model lacks (`draft/target_features.complete_inner_capture`).
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
 oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
@@ -40,14 +39,12 @@ CLASSES = {
     "gemma4": ("gemma4", 0, 6.0, {"attention_backend": None}, 2.0),
     "gpt_oss": ("gpt_oss", 0, 3.0, {"attention_backend": None}, 1.2),
     "qwen3_vl": ("qwen3_vl", 2, 2.5, {}, 1.2),
-    "phi3": ("phi3", 3, 10.0, {}, 1.2),
 }
 SLIDING = {"gemma4", "gpt_oss"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
-    "phi3": "Phi3ForCausalLM",
 }
 
 
