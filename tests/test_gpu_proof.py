@@ -89,6 +89,7 @@ def test_a_background_child_is_timed_to_its_end_not_to_its_collection(tmp_path):
 
 
 @pytest.mark.sglang
+@pytest.mark.slow  # five servers, about 3 minutes: run it before a GPU session (--run-slow)
 def test_the_gpu_run_rehearses_on_cpu(tmp_path):
     """The default step list (lossless, the race at 6.5, the draft-step benchmark) on SGLang's
     CPU engine: the shipped trained pair for lossless, the tiny pair for the race; the pieces
