@@ -18,8 +18,8 @@ untrained draft "a" gets multi-token acceptances and the commit paths all run. T
 is the one that shows the window is applied: test_draft_model.py checks its semantics against
 the reference draft, and that proposals change once the context is longer than the window.
 
-Not here, because SGLang's CPU engine cannot serve them with torch_native: sliding-window
-targets (gpt-oss and Gemma-4 require GPU attention backends) and MLA targets (DeepSeek-V3,
+Sliding-window targets (Gemma-4, gpt-oss) and Qwen3-VL are in test_target_classes.py. Not here,
+because SGLang's CPU engine cannot serve them with torch_native: MLA targets (DeepSeek-V3,
 Kimi-K2.5: torch_native's SDPA cannot take MLA's head dims). Their pools are covered against
 real SGLang pool objects in test_target_pool.py.
 """
