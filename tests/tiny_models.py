@@ -107,6 +107,11 @@ TEXT_SHAPE_A = dict(
 )
 
 
+# The multimodal wrappers' one-block vision tower and their special token ids (the top of the vocab).
+VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4)
+VL_TOKENS = dict(image_token_id=380, video_token_id=381, vision_start_token_id=382, vision_end_token_id=383)
+
+
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "mistral", "qwen3_moe", "phi3", "gemma4"
@@ -157,17 +162,10 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
                 layer.self_attn.sinks.normal_(0.0, 1.0)  # sinks about as large as the scores
     elif family == "qwen3_vl":
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
-        vision = dict(
-            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-            deepstack_visual_indexes=[],
-        )  # fmt: skip
         config = transformers.Qwen3VLConfig(
             text_config=dict(common, rope_parameters=dict(rope, mrope_interleaved=True)),
-            vision_config=vision,
-            image_token_id=380,
-            video_token_id=381,
-            vision_start_token_id=382,
-            vision_end_token_id=383,
+            vision_config=dict(VL_VISION, deepstack_visual_indexes=[]),
+            **VL_TOKENS,
         )
         model = transformers.Qwen3VLForConditionalGeneration(config)
     else:
@@ -234,16 +232,10 @@ def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float =
         config = transformers.Qwen3_5MoeTextConfig(**common, **moe)
         model = transformers.Qwen3_5MoeForCausalLM(config)
     elif family == "qwen3_5_vl":
-        vision = dict(
-            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4
-        )
         config = transformers.Qwen3_5Config(
             text_config=dict(common, intermediate_size=128, full_attention_interval=4),
-            vision_config=vision,
-            image_token_id=380,
-            video_token_id=381,
-            vision_start_token_id=382,
-            vision_end_token_id=383,
+            vision_config=VL_VISION,
+            **VL_TOKENS,
         )
         model = transformers.Qwen3_5ForConditionalGeneration(config)
     else:
