@@ -5,23 +5,17 @@ import pytest
 import torch
 
 from sglang_dflash.cpu import verify_attention
+from tests.test_paged_attention import _case as paged_case
 
 pytestmark = pytest.mark.sglang  # SGLang's torch_native backend is the oracle
 
 
-def _case(prefix_lens, width, heads, kv_heads, d, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    bs, slots = len(prefix_lens), 400
-    k_cache = torch.randn(slots, kv_heads, d, generator=g).to(dtype)
-    v_cache = torch.randn(slots, kv_heads, d, generator=g).to(dtype)
-    req_to_token = torch.zeros(bs + 2, 96, dtype=torch.int32)
-    rows = torch.randperm(bs + 2, generator=g)[:bs]
-    for row, p in zip(rows.tolist(), prefix_lens):
-        req_to_token[row, : p + width] = (torch.randperm(slots - 1, generator=g)[: p + width] + 1).to(
-            torch.int32
-        )
-    query = torch.randn(bs * width, heads, d, generator=g)
-    return query, k_cache, v_cache, req_to_token, rows, torch.tensor(prefix_lens)
+def _case(prefix_lens, width, heads, kv_heads, dtype, seed=0):
+    """test_paged_attention's random cache and queries, every request a window of `width`."""
+    query, k_cache, v_cache, req_to_token, rows, prefix, _, _ = paged_case(
+        prefix_lens, [width] * len(prefix_lens), heads, kv_heads, seed, dtype
+    )
+    return query, k_cache, v_cache, req_to_token, rows, prefix
 
 
 def _sglang_per_request(query, k_cache, v_cache, req_to_token, rows, prefix, width, scale, gqa):
@@ -48,9 +42,7 @@ def _sglang_per_request(query, k_cache, v_cache, req_to_token, rows, prefix, wid
     ],
 )
 def test_batched_equals_sglangs_per_request_extend(prefix_lens, width, heads, kv_heads, dtype):
-    query, k_cache, v_cache, req_to_token, rows, prefix = _case(
-        prefix_lens, width, heads, kv_heads, 16, dtype
-    )
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, heads, kv_heads, dtype)
     scale = 16**-0.5
     got = verify_attention.chain_verify_attention(
         query, k_cache, v_cache, req_to_token, rows, prefix, width, scale, heads != kv_heads
@@ -64,7 +56,7 @@ def test_batched_equals_sglangs_per_request_extend(prefix_lens, width, heads, kv
 def test_a_wrong_mask_is_caught():
     """Negative control: a window that also saw its own later positions differs."""
     prefix_lens, width = [5, 0, 37, 12], 4
-    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, 16, torch.float32)
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, torch.float32)
     got = verify_attention.chain_verify_attention(
         query, k_cache, v_cache, req_to_token, rows, prefix + 1, width, None, True
     )
@@ -88,7 +80,7 @@ def test_the_hook_takes_verify_windows_and_passes_everything_else_through():
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     prefix_lens, width = [5, 0, 37, 12], 4
-    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, 16, torch.float32)
+    query, k_cache, v_cache, req_to_token, rows, prefix = _case(prefix_lens, width, 4, 2, torch.float32)
     stock = TorchNativeAttnBackend._run_sdpa_forward_extend
     stock = getattr(stock, "__wrapped__", stock)
     calls = []
