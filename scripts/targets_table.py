@@ -23,6 +23,8 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang_dflash.cpu.unserved_targets import CPU_ENGINE_CANNOT_RUN
+
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -31,6 +33,7 @@ STATUSES = {
     "cpu": "CPU-tested",  # tiny random targets on SGLang's CPU engine, against the engine without DFLASH
     "reasoned": "reasoned",  # its pool mapped and checked against SGLang's objects; not run
     "untested": "not run yet",  # should serve (it captures); no test has run it
+    "refused": "refused on CPU",  # DFLASH on the CPU engine refuses it at start-up, naming why
     "other": "not a target",  # a draft module (MTP, NextN, EAGLE) or an embedding model
 }
 
@@ -45,7 +48,7 @@ STATUS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("cpu", "greedy, sampling, grammars, logprobs, serving paths"),
     "Qwen3MoeForCausalLM": ("cpu", "greedy; routed experts (`test_target_shapes.py`)"),
     "LlamaForCausalLM": ("cpu", "greedy; page size 16; draft window (`test_target_shapes.py`)"),
-    "MistralForCausalLM": ("cpu", "greedy (`test_target_shapes.py`)"),
+    "MistralForCausalLM": ("reasoned", "`LlamaForCausalLM` with no code of its own"),
     "Qwen3NextForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache, abort (`test_hybrid.py`)"),
     "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid.py`)"),
     "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid.py`)"),
@@ -69,7 +72,21 @@ STATUS: dict[str, tuple[str, str]] = {
         "a `LlamaForCausalLM` subclass with no code of its own (Phi-3 served lossless in a one-off CPU run)",
         "Phi3ForCausalLM InternLM3ForCausalLM IQuestCoderForCausalLM",
     ),
-    **_rows("reasoned", "MLA pool mapping", "DeepseekV3ForCausalLM KimiK25ForConditionalGeneration"),
+    "DeepseekV3ForCausalLM": (
+        "cpu",
+        "MLA pool (absorbed on torch_native, `cpu/bootstrap.py`), YaRN RoPE, MoE; greedy, prefix cache "
+        "(`test_target_classes.py`)",
+    ),
+    "Glm4MoeLiteForCausalLM": (
+        "cpu",
+        "MLA pool, query LoRA, plain RoPE (`cpu/bootstrap.py`), MoE; greedy, prefix cache "
+        "(`test_target_classes.py`)",
+    ),
+    "DeepseekV2ForCausalLM": ("reasoned", "`DeepseekV3ForCausalLM` is this class with no code of its own"),
+    "KimiK25ForConditionalGeneration": (
+        "reasoned",
+        "captures through its text model, SGLang's `DeepseekV3ForCausalLM`; the vision wrapper not run",
+    ),
     # Served by the same code and not in the suite yet: what is known of each.
     **_rows(
         "untested",
@@ -91,26 +108,13 @@ STATUS: dict[str, tuple[str, str]] = {
         "SWA pool; the bf16 LM head a one-off CPU run failed on is read in its dtype now, not rerun",
         "BeamForCausalLM",
     ),
+    # Refused on the CPU engine (`cpu/unserved_targets.py`), with its reason; not run on a GPU yet.
+    **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
     **_rows(
         "untested",
-        "Mamba2 hybrid; SGLang's CPU engine needs Triton for its convolution",
-        "NemotronHForCausalLM NemotronHPuzzleForCausalLM NemotronH_Nano_VL_V2 "
-        "NemotronH_Nano_Omni_Reasoning_V3 NemotronH_Omni_Reasoning_V3",
-    ),
-    **_rows(
-        "untested",
-        "SGLang's CPU engine needs a Triton driver for it",
-        "Lfm2ForCausalLM Lfm2MoeForCausalLM Lfm2VlForConditionalGeneration",
-    ),
-    **_rows(
-        "untested",
-        "SGLang's CPU engine fails in its rotary factory on per-layer RoPE settings",
+        "a tiny config in transformers' format (per-layer `rope_parameters`) failed in SGLang's rotary "
+        "factory; SGLang reads the published configs' fields (`hybrid_layer_pattern`, `swa_rope_theta`)",
         "MiMoV2ForCausalLM MiMoV2FlashForCausalLM",
-    ),
-    **_rows(
-        "untested",
-        "MLA pool; SGLang's torch_native MLA path fails on the tiny configs tried",
-        "DeepseekV2ForCausalLM Glm4MoeLiteForCausalLM",
     ),
     **_rows(
         "untested",

@@ -6,7 +6,11 @@ served by DFLASH with untrained draft "a":
 * gpt-oss (`GptOssForCausalLM`): attention sinks, which SGLang's `torch_native` lacks and
   `cpu/paged_attention.py` gives it, sliding windows, MoE;
 * Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text: its SGLang class calls a capture
-  method its inner model lacks (`draft/target_features.complete_inner_capture`).
+  method its inner model lacks (`draft/target_features.complete_inner_capture`);
+* MLA targets on SGLang's MLA pool, MoE after a dense first layer: DeepSeek-V3
+  (`DeepseekV3ForCausalLM`, YaRN RoPE past the prompts' length, no query LoRA) and GLM-4-MoE-Lite
+  (`Glm4MoeLiteForCausalLM`, query LoRA, plain RoPE), which the CPU engine serves through two
+  patches in `cpu/bootstrap.py` (tested below, before the engines).
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
 oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
@@ -19,12 +23,13 @@ torch_native without AMX).
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests import engines
-from tests.tiny_models import make_family_target
+from tests.tiny_models import _edit_json, make_family_target, make_tokenizer
 
 pytestmark = pytest.mark.sglang
 
@@ -39,13 +44,66 @@ CLASSES = {
     "gemma4": ("gemma4", 0, 6.0, {"attention_backend": None}, 2.0),
     "gpt_oss": ("gpt_oss", 0, 3.0, {"attention_backend": None}, 1.2),
     "qwen3_vl": ("qwen3_vl", 2, 2.5, {}, 1.2),
+    "deepseek_v3": ("deepseek_v3", 0, 3.0, {}, 1.5),
+    "glm4_moe_lite": ("glm4_moe_lite", 0, 2.5, {}, 1.2),
 }
 SLIDING = {"gemma4", "gpt_oss"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
 }
+
+
+def test_torch_native_runs_mla_in_its_absorbed_form():
+    """SGLang hands torch_native Triton's MLA choice, which runs a prefill without a cached prefix
+    as multi-head attention over K and V that torch_native does not read (it reads the cache,
+    which holds the latent). Under the CPU engine it is the absorbed form for every batch."""
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+
+    prefill = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_extend_without_speculative=lambda: True), extend_prefix_lens_cpu=[0]
+    )
+    handler = handlers.AttentionBackendRegistry.get_handler("torch_native")
+    assert handler is not handlers.handle_attention_triton
+    assert handler(SimpleNamespace(), prefill) == AttnForwardMethod.MLA
+
+
+def test_mla_rope_without_scaling_is_plain_rope_on_cpu():
+    """SGLang's CPU rotary factory asserts on an MLA config without RoPE scaling (GLM-4-MoE-Lite);
+    under the CPU engine it builds the rotary `get_rope` builds on every other device."""
+    from sglang.srt.layers.rotary_embedding import factory
+
+    cpu = factory.get_rope_cpu(48, 16, 4096, 10000, False, None, torch.float32, device="cpu")
+    plain = factory.get_rope(48, 16, 4096, 10000, False, None, torch.float32)
+    assert type(cpu) is type(plain)
+    torch.testing.assert_close(cpu.cos_sin_cache, plain.cos_sin_cache)
+
+
+def test_a_class_the_cpu_engine_cannot_run_is_refused_by_name(tiny, tmp_path):
+    """Nemotron-H (Mamba2 layers that need Triton) is refused with DFLASH on the CPU engine at
+    start-up, in the launching process, naming the class and why."""
+    import transformers
+
+    from sglang_dflash.cpu.unserved_targets import MAMBA2, cpu_engine_refusal
+
+    config = transformers.NemotronHConfig(
+        vocab_size=384, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, architectures=["NemotronHForCausalLM"],
+    )  # fmt: skip
+    config.save_pretrained(tmp_path)
+    # The layer types as SGLang's config class names them (published checkpoints' spelling).
+    _edit_json(str(tmp_path / "config.json"), layers_block_type=["mamba", "attention", "mlp", "mamba"])
+    make_tokenizer(str(tmp_path))
+    refusal = "cannot serve target 'NemotronHForCausalLM' on SGLang's CPU engine: its Mamba2 layers"
+    with pytest.raises(ValueError, match=refusal):
+        engines.start(str(tmp_path), tiny.draft("a"))
+    # Matched through the class's ancestors, so SGLang's subclasses are refused too.
+    assert cpu_engine_refusal(type("Puzzle", (type("NemotronHForCausalLM", (), {}),), {})) == MAMBA2
+    assert cpu_engine_refusal(type("Qwen3ForCausalLM", (), {})) is None
 
 
 def _serve(engine) -> dict:

@@ -112,6 +112,19 @@ VL_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out
 VL_TOKENS = dict(image_token_id=380, video_token_id=381, vision_start_token_id=382, vision_end_token_id=383)
 
 
+# MLA targets: a compressed K/V latent of rank 32 plus a 16-dim RoPE key, shared by 4 heads whose
+# queries and keys are 32 + 16 wide and values 32; the first layer dense, then 4 routed experts
+# (2 per token) and a shared one.
+MLA_SHAPE = dict(
+    kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=1, topk_group=1,
+)  # fmt: skip
+YARN = dict(
+    rope_type="yarn", rope_theta=10000.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0
+)
+
+
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "mistral", "qwen3_moe", "phi3", "gemma4"
@@ -168,6 +181,18 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             **VL_TOKENS,
         )
         model = transformers.Qwen3VLForConditionalGeneration(config)
+    elif family in ("deepseek_v3", "glm4_moe_lite"):
+        mla = dict(common, num_key_value_heads=TEXT_SHAPE_A["num_attention_heads"], **MLA_SHAPE)
+        del mla["head_dim"]  # MLA's head dims are the ranks above
+        if family == "deepseek_v3":  # no query LoRA, YaRN RoPE stretched past the prompts
+            yarn = dict(YARN, factor=4.0, original_max_position_embeddings=32)
+            config = transformers.DeepseekV3Config(**mla, q_lora_rank=None, rope_parameters=yarn)
+            model = transformers.DeepseekV3ForCausalLM(config)
+            # Read by SGLang and written in DeepSeek-V3's own configs; transformers' config lacks them.
+            extra = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+        else:  # query LoRA, plain RoPE
+            config = transformers.Glm4MoeLiteConfig(**mla, q_lora_rank=48)
+            model = transformers.Glm4MoeLiteForCausalLM(config)
     else:
         raise ValueError(f"unknown target family {family!r}")
     _save_peaked(model, path, favour)

@@ -185,7 +185,42 @@ def _no_triton_kernels_moe_on_cpu(module) -> None:
     module.is_triton_kernels_available = lambda: False
 
 
+def _absorbed_mla_on_torch_native(module) -> None:
+    """MLA targets (DeepSeek-V2/V3, Kimi-K2.5, GLM-4-MoE-Lite) under torch_native, the CPU
+    engine's attention without AMX. torch_native has no handler of its own, so SGLang takes
+    Triton's: a prefill without a cached prefix runs MLA as plain multi-head attention, handing
+    the expanded per-head K and V to the backend. torch_native ignores them and reads K and V
+    from the cache, which holds the compressed latent: a shape error on real configs, wrong
+    logits where the dimensions happen to agree. The absorbed form (`AttnForwardMethod.MLA`,
+    what every decode and verify runs) attends over that latent, so it serves every batch."""
+    module.AttentionBackendRegistry.register(
+        "torch_native", lambda attn, forward_batch: module._dispatch_mla_subtype(attn, forward_batch)
+    )
+
+
+def _plain_rope_for_mla_on_cpu(module) -> None:
+    """SGLang's CPU rotary factory (what MLA attention asks for on the CPU engine) builds only
+    DeepSeek's YaRN rotary and asserts when a config has no RoPE scaling (GLM-4-MoE-Lite); such
+    configs get the plain rotary that `get_rope` builds for them on every other device."""
+    original = module.get_rope_cpu
+
+    def get_rope_cpu(head_size, rotary_dim, max_position, base, is_neox_style=True, rope_scaling=None,
+                     dtype=None, partial_rotary_factor=1.0, device=None):  # fmt: skip
+        if rope_scaling is None:
+            return module.get_rope(
+                head_size, rotary_dim, max_position, base, is_neox_style, None, dtype, partial_rotary_factor
+            )
+        return original(
+            head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
+            partial_rotary_factor, device,
+        )  # fmt: skip
+
+    module.get_rope_cpu = get_rope_cpu
+
+
 PATCHES = {
+    "sglang.srt.layers.rotary_embedding.factory": _plain_rope_for_mla_on_cpu,
+    "sglang.srt.models.deepseek_common.attention_backend_handler": _absorbed_mla_on_torch_native,
     "sglang.srt.arg_groups.model_overrides.gpt_oss": _no_triton_kernels_moe_on_cpu,
     "sglang.srt.layers.attention.torch_native_backend": _attention_sinks_on_cpu,
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
