@@ -93,10 +93,14 @@ STATUS: dict[str, tuple[str, str]] = {
         "llama-like; served lossless in a one-off CPU run, not in the suite",
         "NanbeigeForCausalLM",
     ),
+    "LagunaForCausalLM": (
+        "cpu",
+        "SWA pool, attention gates, partial RoPE, MoE; greedy, prefix cache (`test_target_classes.py`)",
+    ),
     **_rows(
         "untested",
         "SWA pool; served lossless in a one-off CPU run, not in the suite",
-        "LagunaForCausalLM MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration",
+        "MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration",
     ),
     **_rows(
         "untested",

@@ -10,7 +10,9 @@ served by DFLASH with untrained draft "a":
 * MLA targets on SGLang's MLA pool, MoE after a dense first layer: DeepSeek-V3
   (`DeepseekV3ForCausalLM`, YaRN RoPE past the prompts' length, no query LoRA) and GLM-4-MoE-Lite
   (`Glm4MoeLiteForCausalLM`, query LoRA, plain RoPE), which the CPU engine serves through two
-  patches in `cpu/bootstrap.py` (tested below, before the engines).
+  patches in `cpu/bootstrap.py` (tested below, before the engines);
+* Laguna (`LagunaForCausalLM`) as a target: sliding and full layers, per-head attention gates,
+  partial RoPE on the full layers, sigmoid-routed MoE.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
 oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
@@ -46,14 +48,16 @@ CLASSES = {
     "qwen3_vl": ("qwen3_vl", 2, 2.5, {}, 1.2),
     "deepseek_v3": ("deepseek_v3", 0, 3.0, {}, 1.5),
     "glm4_moe_lite": ("glm4_moe_lite", 0, 2.5, {}, 1.2),
+    "laguna": ("laguna", 1, 9.0, {}, 1.05),
 }
-SLIDING = {"gemma4", "gpt_oss"}
+SLIDING = {"gemma4", "gpt_oss", "laguna"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "laguna": "LagunaForCausalLM",
 }
 
 

@@ -181,6 +181,24 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             **VL_TOKENS,
         )
         model = transformers.Qwen3VLForConditionalGeneration(config)
+    elif family == "laguna":  # sliding and full layers alternating, window 8, gated attention, MoE
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        config = transformers.LagunaConfig(
+            **common,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            # Both factors written out, as in the released config: SGLang's config falls back to the
+            # full layers' factor for sliding ones without it, transformers to 1.0.
+            rope_parameters={
+                "sliding_attention": dict(rope, partial_rotary_factor=1.0),
+                "full_attention": dict(rope, rope_theta=1e6, partial_rotary_factor=0.5),
+            },
+        )
+        model = transformers.LagunaForCausalLM(config)
     elif family in ("deepseek_v3", "glm4_moe_lite"):
         mla = dict(common, num_key_value_heads=TEXT_SHAPE_A["num_attention_heads"], **MLA_SHAPE)
         del mla["head_dim"]  # MLA's head dims are the ranks above
