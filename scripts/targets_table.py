@@ -23,7 +23,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dflash.cpu.unserved_targets import CPU_ENGINE_CANNOT_RUN
+from sglang_dflash.sglang.unserved_targets import CPU_ENGINE_CANNOT_RUN
 
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
@@ -112,12 +112,13 @@ STATUS: dict[str, tuple[str, str]] = {
         "SWA pool; the bf16 LM head a one-off CPU run failed on is read in its dtype now, not rerun",
         "BeamForCausalLM",
     ),
-    # Refused on the CPU engine (`cpu/unserved_targets.py`), with its reason; not run on a GPU yet.
+    # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
     **_rows(
         "untested",
-        "a tiny config in transformers' format (per-layer `rope_parameters`) failed in SGLang's rotary "
-        "factory; SGLang reads the published configs' fields (`hybrid_layer_pattern`, `swa_rope_theta`)",
+        "refused on every device with transformers' own config class, whose per-layer RoPE settings "
+        "SGLang's layers cannot read (`sglang/unserved_targets.py`); the checkpoint's own class "
+        "(`--trust-remote-code`) not run",
         "MiMoV2ForCausalLM MiMoV2FlashForCausalLM",
     ),
     **_rows(

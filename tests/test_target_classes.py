@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from tests import engines
-from tests.tiny_models import _edit_json, make_family_target, make_tokenizer
+from tests.tiny_models import TEXT_SHAPE_A, _edit_json, make_family_target, make_tokenizer
 
 pytestmark = pytest.mark.sglang
 
@@ -87,27 +87,55 @@ def test_mla_rope_without_scaling_is_plain_rope_on_cpu():
     torch.testing.assert_close(cpu.cos_sin_cache, plain.cos_sin_cache)
 
 
-def test_a_class_the_cpu_engine_cannot_run_is_refused_by_name(tiny, tmp_path):
-    """Nemotron-H (Mamba2 layers that need Triton) is refused with DFLASH on the CPU engine at
-    start-up, in the launching process, naming the class and why."""
+def _unserved_target(path, name: str) -> str:
+    """A tiny config of a target DFLASH refuses (no weights: the refusal comes first)."""
     import transformers
 
-    from sglang_dflash.cpu.unserved_targets import MAMBA2, cpu_engine_refusal
+    if name == "nemotron_h":
+        config = transformers.NemotronHConfig(**TEXT_SHAPE_A, architectures=["NemotronHForCausalLM"])
+    else:  # transformers' own MiMo-V2-Flash config, as SGLang loads it without --trust-remote-code
+        architectures = ["MiMoV2FlashForCausalLM"]
+        config = transformers.MiMoV2FlashConfig(**TEXT_SHAPE_A, v_head_dim=16, architectures=architectures)
+    config.save_pretrained(path)
+    # The layer types as SGLang reads them (the published configs' fields).
+    file = os.path.join(path, "config.json")
+    if name == "nemotron_h":
+        _edit_json(file, layers_block_type=["mamba", "attention", "mlp", "mamba"])
+    else:
+        _edit_json(file, hybrid_layer_pattern=[0, 1, 1, 0])
+    make_tokenizer(str(path))
+    return str(path)
 
-    config = transformers.NemotronHConfig(
-        vocab_size=384, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, architectures=["NemotronHForCausalLM"],
-    )  # fmt: skip
-    config.save_pretrained(tmp_path)
-    # The layer types as SGLang's config class names them (published checkpoints' spelling).
-    _edit_json(str(tmp_path / "config.json"), layers_block_type=["mamba", "attention", "mlp", "mamba"])
-    make_tokenizer(str(tmp_path))
-    refusal = "cannot serve target 'NemotronHForCausalLM' on SGLang's CPU engine: its Mamba2 layers"
-    with pytest.raises(ValueError, match=refusal):
-        engines.start(str(tmp_path), tiny.draft("a"))
-    # Matched through the class's ancestors, so SGLang's subclasses are refused too.
+
+@pytest.mark.parametrize(
+    "name, refusal",
+    [
+        ("nemotron_h", "'NemotronHForCausalLM' on SGLang's CPU engine: its Mamba2 layers need Triton"),
+        ("mimo_v2", "'MiMoV2FlashForCausalLM' with this config on any device: SGLang's layers pass"),
+    ],
+)
+def test_a_target_sglang_cannot_run_is_refused_by_name(tiny, tmp_path, name, refusal):
+    """Refused with DFLASH at start-up, in the launching process, naming the class and why:
+    Nemotron-H on the CPU engine (Mamba2 layers that need Triton), and MiMo-V2 with
+    transformers' config (per-layer RoPE settings SGLang's layers cannot read), where SGLang's
+    scheduler failed and took the launching process down."""
+    with pytest.raises(ValueError, match=f"cannot serve target {refusal}"):
+        engines.start(_unserved_target(tmp_path, name), tiny.draft("a"))
+
+
+def test_refusals_follow_the_class_ancestry():
+    from sglang_dflash.sglang.unserved_targets import MAMBA2, cpu_engine_refusal, refusal
+
+    # SGLang's subclasses of a refused class are refused too.
     assert cpu_engine_refusal(type("Puzzle", (type("NemotronHForCausalLM", (), {}),), {})) == MAMBA2
     assert cpu_engine_refusal(type("Qwen3ForCausalLM", (), {})) is None
+    nemotron = type("NemotronHForCausalLM", (), {})
+    assert refusal(nemotron, SimpleNamespace(), "cuda") is None  # the CPU reasons hold on CPU only
+    flash = type("MiMoV2FlashForCausalLM", (type("MiMoV2ForCausalLM", (), {}),), {})
+    flat = SimpleNamespace(rope_scaling={"rope_type": "yarn", "factor": 2.0})
+    assert refusal(flash, flat, "cuda") is None  # flat settings are what SGLang reads
+    per_layer = SimpleNamespace(rope_scaling={"full_attention": {"rope_type": "default"}})
+    assert refusal(flash, per_layer, "cuda").startswith("with this config on any device")
 
 
 def _serve(engine) -> dict:

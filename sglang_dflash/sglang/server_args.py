@@ -17,7 +17,7 @@ from typing import Optional
 
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.checkpoint.mask_token import resolve_mask_token_id
-from sglang_dflash.cpu.unserved_targets import cpu_engine_refusal
+from sglang_dflash.sglang import unserved_targets
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +182,9 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
             f"target architecture {arch!r} cannot capture the hidden states DFLASH needs "
             f"({model_cls.__name__} has no set_dflash_layers_to_capture)"
         )
-    reason = cpu_engine_refusal(model_cls) if cfg.device == "cpu" else None
+    reason = unserved_targets.refusal(model_cls, text, cfg.device)
     if reason is not None:
-        raise ValueError(f"sglang-dflash cannot serve target {arch!r} on SGLang's CPU engine: {reason}")
+        raise ValueError(f"sglang-dflash cannot serve target {arch!r} {reason}")
 
 
 # SGLang's grammar backends and the package each imports (constrained/base_grammar_backend.py).

@@ -1,0 +1,75 @@
+"""Targets that SGLang 0.5.23 cannot run here, each with its reason.
+
+DFLASH refuses them by name at start-up (`server_args.py`), in the launching process, instead of
+failing in the scheduler after the weights have loaded (where SGLang's child-failure handler
+takes the whole launching process down). The README's targets table takes its notes for them from
+here (`scripts/targets_table.py`).
+
+A class is matched by its name or an ancestor's, so SGLang's subclasses of a named class are
+refused too.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+# Nemotron-H's Mamba2 mixer: `layers/attention/mamba/mamba.py` binds its convolution
+# (`causal_conv1d_fn_triton`) on CUDA, NPU and XPU only; its chunked scan is Triton too.
+MAMBA2 = (
+    "its Mamba2 layers need Triton kernels that SGLang binds on CUDA, NPU and XPU only "
+    "(causal_conv1d_fn_triton, the chunked scan)"
+)
+# LFM2's short convolution: `models/lfm2.py` verifies a draft block with
+# `causal_conv1d_update_triton`, and the plain engine fails on a Triton driver already.
+SHORT_CONV = (
+    "its short convolution runs as a Triton kernel (causal_conv1d_update_triton in the verify "
+    "forward), which needs a GPU"
+)
+
+CPU_ENGINE_CANNOT_RUN: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "NemotronHForCausalLM",
+            "NemotronHPuzzleForCausalLM",
+            "NemotronH_Nano_VL_V2",
+            "NemotronH_Nano_Omni_Reasoning_V3",
+            "NemotronH_Omni_Reasoning_V3",
+        ),
+        MAMBA2,
+    ),
+    **dict.fromkeys(("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration"), SHORT_CONV),
+}
+
+# SGLang's MiMo-V2 layers hand `config.rope_scaling` to `get_rope`, which keys a cache on it.
+# transformers 5's own MiMo-V2-Flash config (what SGLang loads without --trust-remote-code)
+# aliases `rope_scaling` to its per-layer-type `rope_parameters`, a dict of dicts that cannot be
+# hashed: the model fails to build, on every device.
+PER_LAYER_ROPE_CLASSES = ("MiMoV2ForCausalLM",)
+PER_LAYER_ROPE = (
+    "SGLang's layers pass its per-layer-type RoPE settings (config.rope_scaling = {layer type: "
+    "settings}, as transformers' own config class writes them) to get_rope, which cannot take them; "
+    "the checkpoint's own config class (--trust-remote-code) may write them flat"
+)
+
+
+def _names(model_cls: type) -> list[str]:
+    return [klass.__name__ for klass in model_cls.__mro__]
+
+
+def cpu_engine_refusal(model_cls: type) -> Optional[str]:
+    """Why SGLang's CPU engine cannot run `model_cls` (or an ancestor), or None."""
+    return next((CPU_ENGINE_CANNOT_RUN[n] for n in _names(model_cls) if n in CPU_ENGINE_CANNOT_RUN), None)
+
+
+def refusal(model_cls: type, config, device: str) -> Optional[str]:
+    """Why DFLASH cannot serve this target on `device` ("on ...: reason"), or None. `config` is
+    the target's config as SGLang loads it (the text config of a multimodal wrapper)."""
+    rope = getattr(config, "rope_scaling", None)
+    if (
+        any(n in PER_LAYER_ROPE_CLASSES for n in _names(model_cls))
+        and isinstance(rope, dict)
+        and any(isinstance(v, dict) for v in rope.values())
+    ):
+        return f"with this config on any device: {PER_LAYER_ROPE}"
+    reason = cpu_engine_refusal(model_cls) if device == "cpu" else None
+    return None if reason is None else f"on SGLang's CPU engine: {reason}"
