@@ -127,11 +127,13 @@ YARN = dict(
 
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
-    that it pairs with draft "a": "llama", "mistral", "qwen3_moe", "phi3", "gemma4"
-    (Gemma4ForCausalLM: three sliding-window layers of window 8, then a full one), "gpt_oss"
-    (sliding and full layers alternating, window 8, attention sinks, MoE) or "qwen3_vl" (the
-    Qwen3-VL wrapper with a one-block vision tower, served here for text). `favour` as in
-    `make_hybrid_target`. (MLA families have no builder here: see test_target_shapes.py.)"""
+    that it pairs with draft "a": "llama", "qwen3_moe", "gemma4" (Gemma4ForCausalLM: three
+    sliding-window layers of window 8, then a full one), "gpt_oss" (sliding and full layers
+    alternating, window 8, attention sinks, MoE), "qwen3_vl" (the Qwen3-VL wrapper with a one-block
+    vision tower, served here for text), "laguna" (sliding and full layers, attention gates,
+    partial RoPE, MoE), and two MLA targets (`MLA_SHAPE`): "deepseek_v3" (no query LoRA, YaRN RoPE)
+    and "glm4_moe_lite" (GLM-4.7-Flash's class: query LoRA, plain RoPE). `favour` as in
+    `make_hybrid_target`."""
     import transformers
 
     torch.manual_seed(seed)
@@ -139,15 +141,11 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
     extra: dict = {}  # config.json fields SGLang reads that transformers' config does not write
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif family == "mistral":
-        model = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=None))
     elif family == "qwen3_moe":
         config = transformers.Qwen3MoeConfig(
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True
         )
         model = transformers.Qwen3MoeForCausalLM(config)
-    elif family == "phi3":
-        model = transformers.Phi3ForCausalLM(transformers.Phi3Config(**common))
     elif family == "gemma4":
         rope = {"rope_type": "default", "rope_theta": 10000.0}
         config = transformers.Gemma4TextConfig(
