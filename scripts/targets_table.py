@@ -97,10 +97,15 @@ STATUS: dict[str, tuple[str, str]] = {
         "cpu",
         "SWA pool, attention gates, partial RoPE, MoE; greedy, prefix cache (`test_target_classes.py`)",
     ),
-    **_rows(
-        "untested",
-        "SWA pool; served lossless in a one-off CPU run, not in the suite",
-        "MuseGlimmerForCausalLM MuseGlimmerForConditionalGeneration",
+    "MuseGlimmerForConditionalGeneration": (
+        "cpu",
+        "SWA pool, a full layer without RoPE, attention gates, soft-capped logits; text requests on "
+        "transformers' checkpoint: greedy, prefix cache (`test_target_classes.py`)",
+    ),
+    "MuseGlimmerForCausalLM": (
+        "cpu",
+        "SWA pool; the same weights in SGLang's names and flat config: greedy, prefix cache "
+        "(`test_target_classes.py`)",
     ),
     **_rows(
         "untested",

@@ -12,7 +12,12 @@ served by DFLASH with untrained draft "a":
   (`Glm4MoeLiteForCausalLM`, query LoRA, plain RoPE), which the CPU engine serves through two
   patches in `cpu/bootstrap.py` (tested below, before the engines);
 * Laguna (`LagunaForCausalLM`) as a target: sliding and full layers, per-head attention gates,
-  partial RoPE on the full layers, sigmoid-routed MoE.
+  partial RoPE on the full layers, sigmoid-routed MoE;
+* Muse Glimmer as a target, both of SGLang's classes: the multimodal
+  `MuseGlimmerForConditionalGeneration` on transformers' checkpoint, serving text, and the
+  text-only `MuseGlimmerForCausalLM` on the same weights converted to SGLang's names and flat
+  config. Sliding layers, a full layer without RoPE, attention output gates, sandwich norms,
+  scaled and soft-capped logits.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
 oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
@@ -49,8 +54,10 @@ CLASSES = {
     "deepseek_v3": ("deepseek_v3", 0, 3.0, {}, 1.5),
     "glm4_moe_lite": ("glm4_moe_lite", 0, 2.5, {}, 1.2),
     "laguna": ("laguna", 1, 9.0, {}, 1.05),
+    "muse_glimmer": ("muse_glimmer", 0, 4.0, {}, 1.05),
+    "muse_glimmer_lm": ("muse_glimmer_lm", 0, 4.0, {}, 1.05),
 }
-SLIDING = {"gemma4", "gpt_oss", "laguna"}
+SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -58,7 +65,17 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
     "laguna": "LagunaForCausalLM",
+    "muse_glimmer": "MuseGlimmerForConditionalGeneration",
+    "muse_glimmer_lm": "MuseGlimmerForCausalLM",
 }
+# The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
+# whose transformers checkpoint a converted one was made from (the same weights).
+TRANSFORMERS_CLASSES = {
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "muse_glimmer": "MuseGlimmerForConditionalGeneration",
+    "muse_glimmer_lm": "MuseGlimmerForConditionalGeneration",
+}
+CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer"}
 
 
 def test_torch_native_runs_mla_in_its_absorbed_form():
@@ -148,14 +165,20 @@ def _ids(outputs) -> list:
     return [o["output_ids"] for o in outputs]
 
 
+def _target(tiny, name: str) -> str:
+    family, seed, favour, _, _ = CLASSES[name]
+    target = os.path.join(tiny.root, f"class-{name}")
+    if not os.path.isdir(target):
+        make_family_target(target, family=family, seed=seed, favour=favour)
+    return target
+
+
 @pytest.fixture(scope="module", params=list(CLASSES))
 def served(request, tiny):
     """(name, target path, plain outputs, DFLASH outputs, DFLASH server state), one class at a time."""
     name = request.param
-    family, seed, favour, flags, _ = CLASSES[name]
-    target = os.path.join(tiny.root, f"class-{name}")
-    if not os.path.isdir(target):
-        make_family_target(target, family=family, seed=seed, favour=favour)
+    flags = CLASSES[name][3]
+    target = _target(tiny, name)
     engine = engines.start(target, **flags)
     try:
         plain = _serve(engine)
@@ -171,18 +194,15 @@ def served(request, tiny):
     return name, target, plain, dflash, state
 
 
-def test_the_plain_engine_matches_transformers(served):
+def test_the_plain_engine_matches_transformers(served, tiny):
     import transformers
 
     name, target, plain, _, _ = served
     with open(os.path.join(target, "config.json")) as f:
-        assert ARCHITECTURES[name] in f.read()
-    cls = (
-        transformers.Qwen3VLForConditionalGeneration
-        if name == "qwen3_vl"
-        else transformers.AutoModelForCausalLM
-    )
-    model = cls.from_pretrained(target, dtype=torch.float32).eval()
+        assert f'"{ARCHITECTURES[name]}"' in f.read()
+    source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
+    cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
+    model = cls.from_pretrained(source, dtype=torch.float32).eval()
     with torch.no_grad():
         for i, prompt in enumerate(PROMPTS[:4]):
             ids = model.generate(

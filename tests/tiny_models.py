@@ -209,14 +209,100 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         else:  # query LoRA, plain RoPE
             config = transformers.Glm4MoeLiteConfig(**mla, q_lora_rank=48)
             model = transformers.Glm4MoeLiteForCausalLM(config)
+    elif family in ("muse_glimmer", "muse_glimmer_lm"):  # built by transformers' multimodal class
+        text = dict(
+            common,
+            hidden_activation="silu",
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            sliding_window=8,
+            layer_rope_theta=[10000.0] * 3 + [0.0],  # the full layer without RoPE, as published
+        )
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=4,
+            pos_emb_height=4, pos_emb_width=4, layer_types=["full_attention"],
+        )  # fmt: skip
+        tokens = {k: VL_TOKENS[k] for k in ("image_token_id", "video_token_id")}
+        config = transformers.MuseGlimmerConfig(
+            text_config=text, vision_config=vision, out_hidden_size=128, projector_hidden_size=64, **tokens
+        )
+        model = transformers.MuseGlimmerForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown target family {family!r}")
     _save_peaked(model, path, favour)
     if family == "qwen3_vl":
         _save_vl_processor(path)
+    if family.startswith("muse_glimmer"):
+        _muse_glimmer_text_placeholders(model, path)
+    if family == "muse_glimmer_lm":
+        _as_muse_glimmer_causal_lm(path)
     if extra:
         _edit_json(os.path.join(path, "config.json"), **extra)
     return path
+
+
+def _muse_glimmer_text_placeholders(model, path: str) -> None:
+    """Transformers' Muse Glimmer embeds token 0 in place of an image or video placeholder id even
+    without an image; SGLang's embeds the id itself. The untrained target can generate those ids,
+    so their embedding rows copy row 0, and the two agree. Also the image processor's settings
+    SGLang's processor reads at start-up."""
+    table = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for key in ("image_token_id", "video_token_id"):
+            table[VL_TOKENS[key]] = table[0]
+    model.save_pretrained(path)
+    with open(os.path.join(path, "processor_config.json"), "w") as f:
+        json.dump({"image_processor": {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2}}, f)
+
+
+# Transformers' Muse Glimmer names -> SGLang's MuseGlimmerForCausalLM names (its own checkpoints'
+# names; only the multimodal class reads transformers'), first match only.
+MUSE_GLIMMER_NAMES = (
+    ("post_attention_layernorm", "post_attn_norm"),
+    ("pre_feedforward_layernorm", "post_attention_layernorm"),
+    ("post_feedforward_layernorm", "post_ffn_norm"),
+    ("self_attn.gate_proj", "self_attn.output_gate_proj"),
+)
+
+
+def _as_muse_glimmer_causal_lm(path: str) -> None:
+    """Rewrite transformers' Muse Glimmer checkpoint at `path` as a text-only MuseGlimmerForCausalLM
+    checkpoint, the same weights: a flat config in SGLang's fields and SGLang's weight names,
+    without the vision tower."""
+    from safetensors.torch import load_file, save_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        nested = json.load(f)
+    text = nested["text_config"]
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "post_norm_eps",
+            "sliding_window", "layer_types", "output_multiplier", "tie_word_embeddings", "bos_token_id",
+            "eos_token_id", "pad_token_id")  # fmt: skip
+    flat = {k: text[k] for k in keep}
+    flat.update(
+        architectures=["MuseGlimmerForCausalLM"],
+        model_type="muse_glimmer",
+        torch_dtype="float32",
+        hidden_act=text["hidden_activation"],
+        rope_theta=text["rope_parameters"]["rope_theta"],
+        no_rope_layers=[1 if theta else 0 for theta in text["layer_rope_theta"]],
+        # transformers scales queries by qk_scale_factor / sqrt(head_dim), SGLang by it / head_dim
+        qk_scale_factor=text["qk_scale_factor"] * text["head_dim"] ** 0.5,
+        rope_is_neox_style=True,  # transformers rotates the two halves of each head
+        output_soft_cap_temp=text["final_logit_softcapping"],
+    )
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(flat, f, indent=2)
+    file = os.path.join(path, "model.safetensors")
+    renamed = {}
+    for name, tensor in load_file(file).items():
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model.") :]
+            name = next((name.replace(a, b) for a, b in MUSE_GLIMMER_NAMES if a in name), name)
+            renamed[name] = tensor
+        elif name == "lm_head.weight":
+            renamed[name] = tensor
+    save_file(renamed, file)
+    os.remove(os.path.join(path, "processor_config.json"))
 
 
 def _save_peaked(model, path: str, favour: float) -> None:
