@@ -20,7 +20,8 @@ served by DFLASH with untrained draft "a":
   scaled and soft-capped logits.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
-oracle for SGLang's class, and for our attention sinks); DFLASH against that engine, greedy
+oracle for SGLang's class, and for our attention sinks); DFLASH (on Gemma-4, gpt-oss and Laguna
+with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
 prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
 gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
@@ -58,6 +59,10 @@ CLASSES = {
     "muse_glimmer_lm": ("muse_glimmer_lm", 0, 4.0, {}, 1.05),
 }
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm"}
+# Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
+# reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
+# that capture. Draft "a" reads layer 2 on the others.
+LAST_LAYER_DRAFT = {"gemma4", "gpt_oss", "laguna"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -184,7 +189,10 @@ def served(request, tiny):
         plain = _serve(engine)
     finally:
         engines.shutdown(engine)
-    engine = engines.start(target, tiny.draft("a"), fixed_width=True, **flags)
+    draft = tiny.draft("a")
+    if name in LAST_LAYER_DRAFT:
+        draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(target_layer_ids=[3]))
+    engine = engines.start(target, draft, fixed_width=True, **flags)
     try:
         engines.flush_cache(engine)
         dflash = _serve(engine)

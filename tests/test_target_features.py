@@ -77,7 +77,9 @@ def test_the_last_layer_is_served_where_sglangs_class_captures_after_it():
         pass
 
     assert captures_after_last_layer(Derived()) == "GptOssForCausalLM"
+    assert captures_after_last_layer(Derived) == "GptOssForCausalLM"  # the launching process's check
     assert captures_after_last_layer(LlamaForCausalLM()) is None
+    # Served end to end on Gemma-4, gpt-oss and Laguna targets: test_target_classes.py.
     assert config.check_target(
         hidden_size=64, vocab_size=384, num_layers=4, after_last_layer=captures_after_last_layer(Derived())
     ) == (0, 3)

@@ -74,8 +74,10 @@ def captured_layer_ids(
 
 
 def captures_after_last_layer(model) -> Optional[str]:
-    """The name of `model`'s class (or the ancestor) in `CAPTURES_AFTER_LAST_LAYER`; None if none."""
-    return next((c.__name__ for c in type(model).__mro__ if c.__name__ in CAPTURES_AFTER_LAST_LAYER), None)
+    """The name of `model`'s class (or the ancestor) in `CAPTURES_AFTER_LAST_LAYER`; None if none.
+    `model` is the target model, or its class (the launching process checks before loading)."""
+    cls = model if isinstance(model, type) else type(model)
+    return next((c.__name__ for c in cls.__mro__ if c.__name__ in CAPTURES_AFTER_LAST_LAYER), None)
 
 
 def captured_chunk_of(layer_ids: Sequence[int]) -> Optional[tuple[int, ...]]:

@@ -150,6 +150,7 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     from sglang_dflash.draft.model import DFlashDraftModel
+    from sglang_dflash.draft.target_features import captures_after_last_layer
 
     target = get_config(
         cfg.model_path,
@@ -161,10 +162,12 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     if draft.mask_token_id is None:  # resolved here too, so a bad one fails before any subprocess
         draft = resolve_mask_token_id(draft, _target_tokenizer(cfg), int(text.vocab_size))
     draft = draft.with_target_vocab(int(text.vocab_size))
+    arch, model_cls = _target_model_class(target)
     layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
         num_layers=int(text.num_hidden_layers),
+        after_last_layer=captures_after_last_layer(model_cls),
     )
     dummy = draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) == "dummy"
     if not dummy:  # dummy weights come from config.json alone: no weights to check
@@ -176,7 +179,6 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
             text.num_hidden_layers,
         )
 
-    arch, model_cls = _target_model_class(target)
     if not hasattr(model_cls, "set_dflash_layers_to_capture"):
         raise CheckpointError(
             f"target architecture {arch!r} cannot capture the hidden states DFLASH needs "
