@@ -191,7 +191,8 @@ def served(request, tiny):
         engines.shutdown(engine)
     draft = tiny.draft("a")
     if name in LAST_LAYER_DRAFT:
-        draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(target_layer_ids=[3]))
+        ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
+        draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(ids))
     engine = engines.start(target, draft, fixed_width=True, **flags)
     try:
         engines.flush_cache(engine)
