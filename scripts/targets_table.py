@@ -53,6 +53,7 @@ STATUS: dict[str, tuple[str, str]] = {
     "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid.py`)"),
     "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid.py`)"),
     "Qwen3_5ForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
+    "Qwen3_5MoeForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
     "GptOssForCausalLM": (
         "cpu",
         "sinks (`cpu/paged_attention.py`), SWA pool, MoE; greedy, prefix cache (`test_target_classes.py`)",
@@ -106,11 +107,6 @@ STATUS: dict[str, tuple[str, str]] = {
         "cpu",
         "SWA pool; the same weights in SGLang's names and flat config: greedy, prefix cache "
         "(`test_target_classes.py`)",
-    ),
-    **_rows(
-        "untested",
-        "served lossless in a one-off CPU run, not in the suite",
-        "Qwen3_5MoeForConditionalGeneration",
     ),
     **_rows(
         "untested",

@@ -1,5 +1,5 @@
 """Hybrid linear-attention targets on SGLang's CPU engine: Qwen3-Next (MoE), Qwen3.5 (dense),
-Qwen3.5-MoE and the Qwen3.5 multimodal wrapper serving text, tiny and random
+Qwen3.5-MoE and the Qwen3.5 multimodal wrappers (dense and MoE) serving text, tiny and random
 (tests/tiny_models.py), served with the CPU stand-ins for the Gated DeltaNet ops
 (sglang_dflash/cpu/).
 
@@ -42,7 +42,7 @@ SAMPLED = {"temperature": 2.5, "top_k": 8, "max_new_tokens": 3, "ignore_eos": Tr
 N_SAMPLES = 1000
 SAMPLE_PROMPT = PROMPTS[3]
 
-TARGETS = ["next", "q35", "q35moe", "q35vl"]
+TARGETS = ["next", "q35", "q35moe", "q35vl", "q35moevl"]
 # (target, verify width B, state commit on, verify width: "fixed" at B, "adaptive" (width 1 as a
 # verify over one token, the CPU default), or "adaptive-decode" (width 1 as the target's decode
 # forward, which advances the linear-attention state itself)); the no-commit one shows the
@@ -52,6 +52,7 @@ CONFIGS = [
     ("q35", 8, True, "fixed"),
     ("q35moe", 4, True, "adaptive"),
     ("q35vl", 4, True, "fixed"),
+    ("q35moevl", 4, True, "fixed"),
     ("next", 4, True, "adaptive-decode"),
     # The demonstration that the comparison can fail: one more engine, with --run-slow only.
     pytest.param(("q35", 4, False, "fixed"), marks=pytest.mark.slow),
@@ -113,9 +114,8 @@ def reference(tiny, fp32_conv_state):
 def test_engine_matches_transformers(tiny, reference, name):
     import transformers
 
-    cls = (
-        transformers.Qwen3_5ForConditionalGeneration if name == "q35vl" else transformers.AutoModelForCausalLM
-    )
+    wrappers = {"q35vl": "Qwen3_5ForConditionalGeneration", "q35moevl": "Qwen3_5MoeForConditionalGeneration"}
+    cls = getattr(transformers, wrappers.get(name, "AutoModelForCausalLM"))
     model = cls.from_pretrained(tiny.hybrid_target(name), dtype=torch.float32).eval()
     with torch.no_grad():
         for i, prompt in enumerate(PROMPTS[:4]):

@@ -324,9 +324,10 @@ def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float =
     layer (`full_attention_interval` 4, as in the published checkpoints).
 
     family: "qwen3_next" (Qwen3NextForCausalLM, MoE with a shared expert), "qwen3_5"
-    (Qwen3_5ForCausalLM, dense), "qwen3_5_moe" (Qwen3_5MoeForCausalLM), or "qwen3_5_vl" (the
+    (Qwen3_5ForCausalLM, dense), "qwen3_5_moe" (Qwen3_5MoeForCausalLM), "qwen3_5_vl" (the
     multimodal wrapper Qwen3_5ForConditionalGeneration that Qwen3.5 checkpoints use, with a
-    one-block vision tower and its processor, served here for text).
+    one-block vision tower and its processor, served here for text), or "qwen3_5_moe_vl" (the
+    MoE checkpoints' wrapper, Qwen3_5MoeForConditionalGeneration, likewise).
 
     favour > 0 makes token FAVOURED_ID the greedy choice about half the time: every embedding
     carries 1.0 in dimension 0 and the LM head reads it into that token's logit. An untrained
@@ -365,10 +366,15 @@ def make_hybrid_target(path: str, *, family: str, seed: int = 0, favour: float =
             **VL_TOKENS,
         )
         model = transformers.Qwen3_5ForConditionalGeneration(config)
+    elif family == "qwen3_5_moe_vl":
+        config = transformers.Qwen3_5MoeConfig(
+            text_config=dict(common, **moe, full_attention_interval=4), vision_config=VL_VISION, **VL_TOKENS
+        )
+        model = transformers.Qwen3_5MoeForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown hybrid family {family!r}")
     _save_peaked(model, path, favour)
-    if family == "qwen3_5_vl":
+    if family in ("qwen3_5_vl", "qwen3_5_moe_vl"):
         _save_vl_processor(path)
     else:
         # SGLang's config classes read the layer pattern from full_attention_interval.
@@ -778,6 +784,7 @@ HYBRID_TARGETS = {
     "q35": ("qwen3_5", 10.0),
     "q35moe": ("qwen3_5_moe", 4.0),
     "q35vl": ("qwen3_5_vl", 10.0),
+    "q35moevl": ("qwen3_5_moe_vl", 4.0),
 }
 
 
