@@ -88,11 +88,10 @@ STATUS: dict[str, tuple[str, str]] = {
         "reasoned",
         "captures through its text model, SGLang's `DeepseekV3ForCausalLM`; the vision wrapper not run",
     ),
-    # Served by the same code and not in the suite yet: what is known of each.
-    **_rows(
-        "untested",
-        "llama-like; served lossless in a one-off CPU run, not in the suite",
-        "NanbeigeForCausalLM",
+    "NanbeigeForCausalLM": (
+        "cpu",
+        "a loop model: its layers run twice, the draft's ids count the unrolled steps as SGLang counts "
+        "them; greedy, prefix cache (`test_target_classes.py`)",
     ),
     "LagunaForCausalLM": (
         "cpu",

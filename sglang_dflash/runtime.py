@@ -33,7 +33,12 @@ from sglang_dflash.draft.attention import SdpaDraftAttention
 from sglang_dflash.draft.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.draft.step import DraftStep, capture_in_sglang
-from sglang_dflash.draft.target_features import FeatureLayout, captured_layer_ids, captures_after_last_layer
+from sglang_dflash.draft.target_features import (
+    FeatureLayout,
+    captured_layer_ids,
+    captures_after_last_layer,
+    target_depth,
+)
 from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
@@ -118,7 +123,7 @@ class DraftRuntime:
         layer_ids = config.check_target(
             hidden_size=int(text_config.hidden_size),
             vocab_size=self.vocab_size,
-            num_layers=int(text_config.num_hidden_layers),
+            num_layers=target_depth(text_config),
             after_last_layer=captures_after_last_layer(runner.model),
         )
         config.check_num_draft_tokens(num_draft_tokens)

@@ -17,7 +17,11 @@ served by DFLASH with untrained draft "a":
   `MuseGlimmerForConditionalGeneration` on transformers' checkpoint, serving text, and the
   text-only `MuseGlimmerForCausalLM` on the same weights converted to SGLang's names and flat
   config. Sliding layers, a full layer without RoPE, attention output gates, sandwich norms,
-  scaled and soft-capped logits.
+  scaled and soft-capped logits;
+* Nanbeige (`NanbeigeForCausalLM`) as a loop model: its 4 layers run twice, and the draft's layer
+  ids count the 8 unrolled steps, as SGLang counts them (draft "a" reads step 4, the second
+  run's first layer). Transformers has no Nanbeige class: the oracle is its Llama with the
+  layers repeated (`nanbeige_unrolled`), which is the same forward without a norm between runs.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids (an
 oracle for SGLang's class, and for our attention sinks); DFLASH (on Gemma-4, gpt-oss and Laguna
@@ -37,7 +41,7 @@ import pytest
 import torch
 
 from tests import engines
-from tests.tiny_models import TEXT_SHAPE_A, _edit_json, make_family_target, make_tokenizer
+from tests.tiny_models import TEXT_SHAPE_A, _edit_json, make_family_target, make_tokenizer, nanbeige_unrolled
 
 pytestmark = pytest.mark.sglang
 
@@ -57,6 +61,7 @@ CLASSES = {
     "laguna": ("laguna", 1, 9.0, {}, 1.05),
     "muse_glimmer": ("muse_glimmer", 0, 4.0, {}, 1.05),
     "muse_glimmer_lm": ("muse_glimmer_lm", 0, 4.0, {}, 1.05),
+    "nanbeige": ("nanbeige", 0, 10.0, {}, 1.05),
 }
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
@@ -72,6 +77,7 @@ ARCHITECTURES = {
     "laguna": "LagunaForCausalLM",
     "muse_glimmer": "MuseGlimmerForConditionalGeneration",
     "muse_glimmer_lm": "MuseGlimmerForCausalLM",
+    "nanbeige": "NanbeigeForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -210,8 +216,11 @@ def test_the_plain_engine_matches_transformers(served, tiny):
     with open(os.path.join(target, "config.json")) as f:
         assert f'"{ARCHITECTURES[name]}"' in f.read()
     source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
-    cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
-    model = cls.from_pretrained(source, dtype=torch.float32).eval()
+    if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
+        model = nanbeige_unrolled(target)
+    else:
+        cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
+        model = cls.from_pretrained(source, dtype=torch.float32).eval()
     with torch.no_grad():
         for i, prompt in enumerate(PROMPTS[:4]):
             ids = model.generate(

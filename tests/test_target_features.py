@@ -22,6 +22,7 @@ from sglang_dflash.draft.target_features import (
     captured_chunk_of,
     captures_after_last_layer,
     complete_inner_capture,
+    target_depth,
 )
 from tests import engines, tiny_models
 
@@ -89,6 +90,23 @@ def test_the_last_layer_is_served_where_sglangs_class_captures_after_it():
         DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(target_layer_ids=[0, 4])).check_target(
             hidden_size=64, vocab_size=384, num_layers=4, after_last_layer="GptOssForCausalLM"
         )
+
+
+def test_a_loop_models_layer_ids_count_its_unrolled_steps():
+    """Nanbeige runs its layers num_loops times and SGLang counts the draft's ids over the
+    unrolled steps (its spec_aux_hidden_state.py); every other target, over its layers. Served
+    end to end on a Nanbeige loop target: test_target_classes.py."""
+    from types import SimpleNamespace
+
+    assert target_depth(SimpleNamespace(num_hidden_layers=22, num_loops=2)) == 44
+    assert target_depth(SimpleNamespace(num_hidden_layers=22)) == 22
+    config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(num_layers=1))
+    # SGLang's default ids for a one-layer draft: the middle of the unrolled depth.
+    assert config.check_target(
+        hidden_size=64,
+        vocab_size=384,
+        num_layers=target_depth(SimpleNamespace(num_hidden_layers=4, num_loops=2)),
+    ) == (4,)
 
 
 @pytest.mark.sglang  # SGLang's own Qwen3-VL capture method is the oracle

@@ -125,6 +125,37 @@ YARN = dict(
 )
 
 
+# A Nanbeige loop model runs its layers `num_loops` times; without the norm between the runs its
+# forward is that of a Llama with the layers repeated (`nanbeige_unrolled`).
+NANBEIGE_LOOPS = {"num_loops": 2, "skip_loop_final_norm": True}
+
+
+def nanbeige_unrolled(path: str):
+    """Transformers' Llama with the layers of the Nanbeige target at `path` repeated
+    `num_loops` times: the reference for its forward."""
+    import transformers
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    layers, loops = raw["num_hidden_layers"], raw["num_loops"]
+    skip = ("architectures", "model_type", "rope_theta", *NANBEIGE_LOOPS)
+    fields = {k: v for k, v in raw.items() if k not in skip}
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**dict(fields, num_hidden_layers=layers * loops))
+    )
+    state = {}
+    for name, tensor in load_file(os.path.join(path, "model.safetensors")).items():
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers.") :].split(".", 1)
+            for loop in range(loops):
+                state[f"model.layers.{loop * layers + int(i)}.{rest}"] = tensor
+        else:
+            state[name] = tensor
+    model.load_state_dict(state)
+    return model.float().eval()
+
+
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "qwen3_moe", "gemma4" (Gemma4ForCausalLM: three
@@ -139,8 +170,16 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
     torch.manual_seed(seed)
     common = dict(TEXT_SHAPE_A, intermediate_size=128, pad_token_id=EOS_ID)
     extra: dict = {}  # config.json fields SGLang reads that transformers' config does not write
-    if family == "llama":
+    if family in ("llama", "nanbeige"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+        if family == "nanbeige":  # Llama's layers run twice, with no norm between the runs
+            # SGLang's NanbeigeConfig reads the flat rope_theta (default 50000) Nanbeige's configs write.
+            extra = {
+                "architectures": ["NanbeigeForCausalLM"],
+                "model_type": "nanbeige",
+                "rope_theta": 10000.0,
+            }
+            extra.update(NANBEIGE_LOOPS)
     elif family == "qwen3_moe":
         config = transformers.Qwen3MoeConfig(
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True

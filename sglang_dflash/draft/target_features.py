@@ -73,6 +73,14 @@ def captured_layer_ids(
     return [i + 1 for i in layer_ids] if shift else list(layer_ids)
 
 
+def target_depth(text_config) -> int:
+    """The number of target layers the draft's `target_layer_ids` count, as SGLang counts them:
+    on a loop model (Nanbeige's `num_loops`), which runs its layers `num_loops` times, the ids
+    are unrolled steps, `loop * num_hidden_layers + layer`; e.g. 22 layers x 2 loops: ids in
+    [0, 44) (`spec_aux_hidden_state.py`, SGLang 0.5.23)."""
+    return int(text_config.num_hidden_layers) * int(getattr(text_config, "num_loops", 1) or 1)
+
+
 def captures_after_last_layer(model) -> Optional[str]:
     """The name of `model`'s class (or the ancestor) in `CAPTURES_AFTER_LAST_LAYER`; None if none.
     `model` is the target model, or its class (the launching process checks before loading)."""

@@ -150,7 +150,7 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     from sglang_dflash.draft.model import DFlashDraftModel
-    from sglang_dflash.draft.target_features import captures_after_last_layer
+    from sglang_dflash.draft.target_features import captures_after_last_layer, target_depth
 
     target = get_config(
         cfg.model_path,
@@ -166,17 +166,17 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
-        num_layers=int(text.num_hidden_layers),
+        num_layers=target_depth(text),
         after_last_layer=captures_after_last_layer(model_cls),
     )
     dummy = draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) == "dummy"
     if not dummy:  # dummy weights come from config.json alone: no weights to check
         DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
-    if draft.num_target_layers is not None and draft.num_target_layers != text.num_hidden_layers:
+    if draft.num_target_layers is not None and draft.num_target_layers != target_depth(text):
         logger.warning(
             "DFLASH draft was trained for a %d-layer target; this target has %d layers",
             draft.num_target_layers,
-            text.num_hidden_layers,
+            target_depth(text),
         )
 
     if not hasattr(model_cls, "set_dflash_layers_to_capture"):
