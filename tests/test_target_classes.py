@@ -167,7 +167,9 @@ def test_refusals_follow_the_class_ancestry():
 
 
 def _serve(engine) -> dict:
-    out = {bs: engines.generate(engine, PROMPTS, GREEDY, bs) for bs in (1, 4)}
+    # Batch 1 over the four prompts transformers checks, batch 4 over all eight.
+    out = {1: engines.generate(engine, PROMPTS[:4], GREEDY, 1)}
+    out[4] = engines.generate(engine, PROMPTS, GREEDY, 4)
     out["prefixed"] = [engines.generate(engine, [p], GREEDY, 1)[0] for p in PREFIXED]
     return out
 
@@ -237,9 +239,10 @@ def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
     got, want = _ids(dflash[batch_size]), _ids(plain[batch_size])
     mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     assert not mismatches, f"{name}: prompts {mismatches} differ"
-    meta = [o["meta_info"] for o in dflash[batch_size]]
-    accepted = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
-    assert accepted > CLASSES[name][4], f"{name}: {accepted:.2f} tokens per verify"
+    if batch_size == 4:  # the acceptance over all eight prompts
+        meta = [o["meta_info"] for o in dflash[4]]
+        accepted = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
+        assert accepted > CLASSES[name][4], f"{name}: {accepted:.2f} tokens per verify"
 
 
 def test_a_prefix_cache_round(served):
