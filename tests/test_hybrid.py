@@ -5,9 +5,10 @@ Qwen3.5-MoE and the Qwen3.5 multimodal wrappers (dense and MoE) serving text, ti
 
 * The non-speculative engine against Hugging Face transformers' own forward: greedy ids
   identical, log-probabilities within fp32 tolerance.
-* DFLASH against the non-speculative engine: greedy ids identical over 16 prompts, batch sizes
-  {1, 4, 16}, B in {4, 8}, chunked prefill smaller than the prompts, a prefix-cache round, an
-  abort; KV and mamba slots back at idle afterwards (SGLang's strict idle checker is on).
+* DFLASH against the non-speculative engine: greedy ids identical over 16 prompts at batch sizes
+  4 and 16 and over 4 of them at batch size 1, B in {4, 8}, chunked prefill smaller than the
+  prompts, a prefix-cache round, an abort; KV and mamba slots back at idle afterwards (SGLang's
+  strict idle checker is on).
 * The same comparison fails with the post-verify state commit switched off (`--run-slow`).
 * Sampled DFLASH against the non-speculative engine: a chi-square test on one target.
 
@@ -164,17 +165,21 @@ def test_greedy_matches_target(dflash, reference, batch_size):
     name, commit, mode, engine = dflash
     if not commit and batch_size != 4:
         pytest.skip("the no-commit engine runs one batch size")
-    out = engines.generate(engine, PROMPTS, GREEDY, batch_size)
-    got, want = [o["output_ids"] for o in out], reference[name]["greedy"]
+    # Batch 1 over the first four prompts (suite time), batches 4 and 16 over all sixteen.
+    prompts = PROMPTS[:4] if batch_size == 1 else PROMPTS
+    out = engines.generate(engine, prompts, GREEDY, batch_size)
+    got, want = [o["output_ids"] for o in out], reference[name]["greedy"][: len(prompts)]
     mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     if not commit:
         # Without the commit the linear-attention state never moves past the prompt.
-        assert len(mismatches) >= len(PROMPTS) // 2, mismatches
+        assert len(mismatches) >= len(prompts) // 2, mismatches
         return
     assert not mismatches, f"prompts {mismatches} differ, e.g. {got[mismatches[0]]} vs {want[mismatches[0]]}"
     assert all(o["meta_info"]["spec_verify_ct"] >= 1 for o in out)
-    if mode != "fixed":
-        return  # the policy may rightly turn speculation off; the fixed engines show it commits
+    if mode != "fixed" or batch_size == 1:
+        # The policy may rightly turn speculation off; the fixed engines show it commits, over
+        # all sixteen prompts.
+        return
     # Some verify committed accepted proposals too, not only the bonus token (the first token
     # comes from the prefill, each verify commits the bonus plus what it accepted).
     meta = [o["meta_info"] for o in out]

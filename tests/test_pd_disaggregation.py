@@ -196,9 +196,11 @@ def test_decode_engine_drafts_with_the_prompts_context(pair_and_prompts, single,
         assert _verify_steps(got) == _verify_steps(want), name
 
 
+@pytest.mark.slow  # one more PD pair (about 150 s): with --run-slow
 def test_a_prefill_engine_that_sends_no_draft_kv_is_caught(pair_and_prompts, single, tmp_path):
     """The prefill engine leaves its draft K/V out of the transfer (as one without speculation
-    would): the proposal check fails, and the decode engine counts every request."""
+    would): the proposal check fails, and the decode engine counts every request. This shows the
+    step-for-step comparison above can fail."""
     pair, prompts = pair_and_prompts
     want, want_steps = single
     [(got, got_steps, without_context)] = _run_pd(pair, prompts, tmp_path, [()], prefill_sends_draft_kv=False)
