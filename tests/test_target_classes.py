@@ -217,10 +217,10 @@ def test_the_plain_engine_matches_transformers(served, tiny):
     name, target, plain, _, _ = served
     with open(os.path.join(target, "config.json")) as f:
         assert f'"{ARCHITECTURES[name]}"' in f.read()
-    source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
     if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
         model = nanbeige_unrolled(target)
     else:
+        source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
         cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
         model = cls.from_pretrained(source, dtype=torch.float32).eval()
     with torch.no_grad():

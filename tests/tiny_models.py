@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -267,30 +267,25 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         model = transformers.MuseGlimmerForConditionalGeneration(config)
     else:
         raise ValueError(f"unknown target family {family!r}")
-    _save_peaked(model, path, favour)
+    # Transformers' Muse Glimmer embeds token 0 in place of an image or video placeholder id even
+    # without an image; SGLang's embeds the id itself. The untrained target can generate those
+    # ids, so their rows copy row 0, and the two agree.
+    placeholders = (
+        [VL_TOKENS[k] for k in ("image_token_id", "video_token_id")]
+        if family.startswith("muse_glimmer")
+        else []
+    )
+    _save_peaked(model, path, favour, rows_like_0=placeholders)
     if family == "qwen3_vl":
         _save_vl_processor(path)
-    if family.startswith("muse_glimmer"):
-        _muse_glimmer_text_placeholders(model, path)
+    if family == "muse_glimmer":  # the image processor's settings SGLang reads at start-up
+        with open(os.path.join(path, "processor_config.json"), "w") as f:
+            json.dump({"image_processor": {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2}}, f)
     if family == "muse_glimmer_lm":
         _as_muse_glimmer_causal_lm(path)
     if extra:
         _edit_json(os.path.join(path, "config.json"), **extra)
     return path
-
-
-def _muse_glimmer_text_placeholders(model, path: str) -> None:
-    """Transformers' Muse Glimmer embeds token 0 in place of an image or video placeholder id even
-    without an image; SGLang's embeds the id itself. The untrained target can generate those ids,
-    so their embedding rows copy row 0, and the two agree. Also the image processor's settings
-    SGLang's processor reads at start-up."""
-    table = model.get_input_embeddings().weight
-    with torch.no_grad():
-        for key in ("image_token_id", "video_token_id"):
-            table[VL_TOKENS[key]] = table[0]
-    model.save_pretrained(path)
-    with open(os.path.join(path, "processor_config.json"), "w") as f:
-        json.dump({"image_processor": {"patch_size": 4, "temporal_patch_size": 2, "merge_size": 2}}, f)
 
 
 # Transformers' Muse Glimmer names -> SGLang's MuseGlimmerForCausalLM names (its own checkpoints'
@@ -341,12 +336,12 @@ def _as_muse_glimmer_causal_lm(path: str) -> None:
         elif name == "lm_head.weight":
             renamed[name] = tensor
     save_file(renamed, file)
-    os.remove(os.path.join(path, "processor_config.json"))
 
 
-def _save_peaked(model, path: str, favour: float) -> None:
+def _save_peaked(model, path: str, favour: float, rows_like_0: Sequence[int] = ()) -> None:
     """Larger-than-default init (peaked next-token distributions, far from greedy ties); with
-    `favour`, the favoured token (see `make_hybrid_target`); then the weights and a tokenizer."""
+    `favour`, the favoured token (see `make_hybrid_target`); the embedding rows `rows_like_0`
+    equal to row 0; then the weights and a tokenizer."""
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -354,6 +349,9 @@ def _save_peaked(model, path: str, favour: float) -> None:
         if favour:
             model.get_input_embeddings().weight[:, 0] = 1.0
             model.lm_head.weight[FAVOURED_ID, 0] = favour
+        table = model.get_input_embeddings().weight
+        for row in rows_like_0:
+            table[row] = table[0]
     model.save_pretrained(path)
     make_tokenizer(path)
 

@@ -163,20 +163,21 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
         draft = resolve_mask_token_id(draft, _target_tokenizer(cfg), int(text.vocab_size))
     draft = draft.with_target_vocab(int(text.vocab_size))
     arch, model_cls = _target_model_class(target)
+    depth = target_depth(text)
     layer_ids = draft.check_target(
         hidden_size=int(text.hidden_size),
         vocab_size=int(text.vocab_size),
-        num_layers=target_depth(text),
+        num_layers=depth,
         after_last_layer=captures_after_last_layer(model_cls),
     )
     dummy = draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) == "dummy"
     if not dummy:  # dummy weights come from config.json alone: no weights to check
         DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
-    if draft.num_target_layers is not None and draft.num_target_layers != target_depth(text):
+    if draft.num_target_layers is not None and draft.num_target_layers != depth:
         logger.warning(
             "DFLASH draft was trained for a %d-layer target; this target has %d layers",
             draft.num_target_layers,
-            target_depth(text),
+            depth,
         )
 
     if not hasattr(model_cls, "set_dflash_layers_to_capture"):
