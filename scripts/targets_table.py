@@ -107,10 +107,11 @@ STATUS: dict[str, tuple[str, str]] = {
         "SWA pool; the same weights in SGLang's names and flat config: greedy, prefix cache "
         "(`test_target_classes.py`)",
     ),
-    **_rows(
-        "untested",
-        "SWA pool; the bf16 LM head a one-off CPU run failed on is read in its dtype now, not rerun",
-        "BeamForCausalLM",
+    "BeamForCausalLM": (
+        "cpu",
+        "SWA pool, a full layer without RoPE (SSMax), attention gates, sandwich norms, grouped MoE, a bf16 "
+        "LM head; a checkpoint in SGLang's names against a PyTorch forward: greedy, prefix cache "
+        "(`test_target_classes.py`)",
     ),
     # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},

@@ -18,13 +18,19 @@ served by DFLASH with untrained draft "a":
   text-only `MuseGlimmerForCausalLM` on the same weights converted to SGLang's names and flat
   config. Sliding layers, a full layer without RoPE, attention output gates, sandwich norms,
   scaled and soft-capped logits;
+* Beam (`BeamForCausalLM`): three sliding layers with RoPE then a full one without (SSMax
+  queries), per-head attention gates, sandwich norms with depth-scaled residuals, dense MLPs then
+  group-routed sigmoid MoE, a bf16 LM head in the float32 engine, soft-capped logits. Transformers
+  has no Beam class: the checkpoint is written in SGLang's names (`make_beam_target`) and the
+  oracle is a plain PyTorch forward (`BeamReference`);
 * Nanbeige (`NanbeigeForCausalLM`) as a loop model: its 4 layers run twice, and the draft's layer
   ids count the 8 unrolled steps, as SGLang counts them (draft "a" reads step 4, the second
   run's first layer). Transformers has no Nanbeige class: the oracle is its Llama with the
   layers repeated (`nanbeige_unrolled`), which is the same forward without a norm between runs.
 
-For each: the engine without speculation against Hugging Face transformers' greedy ids (an
-oracle for SGLang's class, and for our attention sinks); DFLASH (on Gemma-4, gpt-oss and Laguna
+For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
+PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
+checkpoint written by hand); DFLASH (on Gemma-4, gpt-oss and Laguna
 with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
 prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
@@ -35,13 +41,22 @@ torch_native without AMX).
 from __future__ import annotations
 
 import os
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests import engines
-from tests.tiny_models import TEXT_SHAPE_A, _edit_json, make_family_target, make_tokenizer, nanbeige_unrolled
+from tests.tiny_models import (
+    TEXT_SHAPE_A,
+    BeamReference,
+    _edit_json,
+    make_beam_target,
+    make_family_target,
+    make_tokenizer,
+    nanbeige_unrolled,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -62,8 +77,9 @@ CLASSES = {
     "muse_glimmer": ("muse_glimmer", 0, 4.0, {}, 1.05),
     "muse_glimmer_lm": ("muse_glimmer_lm", 0, 4.0, {}, 1.05),
     "nanbeige": ("nanbeige", 0, 10.0, {}, 1.05),
+    "beam": ("beam", 3, 6.0, {}, 1.5),
 }
-SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm"}
+SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
@@ -78,6 +94,7 @@ ARCHITECTURES = {
     "muse_glimmer": "MuseGlimmerForConditionalGeneration",
     "muse_glimmer_lm": "MuseGlimmerForCausalLM",
     "nanbeige": "NanbeigeForCausalLM",
+    "beam": "BeamForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -182,7 +199,8 @@ def _target(tiny, name: str) -> str:
     family, seed, favour, _, _ = CLASSES[name]
     target = os.path.join(tiny.root, f"class-{name}")
     if not os.path.isdir(target):
-        make_family_target(target, family=family, seed=seed, favour=favour)
+        make = make_beam_target if family == "beam" else partial(make_family_target, family=family)
+        make(target, seed=seed, favour=favour)
     return target
 
 
@@ -219,6 +237,8 @@ def test_the_plain_engine_matches_transformers(served, tiny):
         assert f'"{ARCHITECTURES[name]}"' in f.read()
     if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
         model = nanbeige_unrolled(target)
+    elif name == "beam":  # no transformers class: a plain PyTorch forward
+        model = BeamReference(target)
     else:
         source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
         cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
