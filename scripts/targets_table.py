@@ -115,13 +115,14 @@ STATUS: dict[str, tuple[str, str]] = {
     ),
     # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
-    **_rows(
-        "untested",
-        "refused on every device with transformers' own config class, whose per-layer RoPE settings "
-        "SGLang's layers cannot read (`sglang/unserved_targets.py`); the checkpoint's own class "
-        "(`--trust-remote-code`) not run",
-        "MiMoV2ForCausalLM MiMoV2FlashForCausalLM",
+    "MiMoV2FlashForCausalLM": (
+        "cpu",
+        "with the checkpoint's own config class (`--trust-remote-code`): SWA pool with sinks, a smaller V "
+        "head, partial RoPE, MoE; a draft reading L-1; greedy, prefix cache (`test_target_classes.py`). "
+        "Refused on every device with transformers' own config class, whose per-layer RoPE settings "
+        "SGLang's layers cannot read (`sglang/unserved_targets.py`)",
     ),
+    "MiMoV2ForCausalLM": ("reasoned", "`MiMoV2FlashForCausalLM` is this class with no code of its own"),
     **_rows(
         "untested",
         "CUDA-only in SGLang",

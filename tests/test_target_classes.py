@@ -23,6 +23,11 @@ served by DFLASH with untrained draft "a":
   group-routed sigmoid MoE, a bf16 LM head in the float32 engine, soft-capped logits. Transformers
   has no Beam class: the checkpoint is written in SGLang's names (`make_beam_target`) and the
   oracle is a plain PyTorch forward (`BeamReference`);
+* MiMo-V2-Flash (`MiMoV2FlashForCausalLM`) as its published checkpoints are served, with their
+  own flat config class (`--trust-remote-code`): full and sliding layers, the sliding ones with
+  twice the KV heads and attention sinks, a V head smaller than Q/K's, partial RoPE with a theta
+  per layer type, sigmoid-routed MoE; served with a draft reading the last layer (L-1), as
+  MiMo's published drafts do. The oracle is transformers' class on the same weights;
 * Nanbeige (`NanbeigeForCausalLM`) as a loop model: its 4 layers run twice, and the draft's layer
   ids count the 8 unrolled steps, as SGLang counts them (draft "a" reads step 4, the second
   run's first layer). Transformers has no Nanbeige class: the oracle is its Llama with the
@@ -30,7 +35,7 @@ served by DFLASH with untrained draft "a":
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
-checkpoint written by hand); DFLASH (on Gemma-4, gpt-oss and Laguna
+checkpoint written by hand); DFLASH (on Gemma-4, gpt-oss, Laguna and MiMo-V2
 with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
 prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
@@ -55,6 +60,7 @@ from tests.tiny_models import (
     make_beam_target,
     make_family_target,
     make_tokenizer,
+    mimo_v2_transformers,
     nanbeige_unrolled,
 )
 
@@ -78,12 +84,14 @@ CLASSES = {
     "muse_glimmer_lm": ("muse_glimmer_lm", 0, 4.0, {}, 1.05),
     "nanbeige": ("nanbeige", 0, 10.0, {}, 1.05),
     "beam": ("beam", 3, 6.0, {}, 1.5),
+    # As the published checkpoints are served: their own config class, with --trust-remote-code.
+    "mimo_v2": ("mimo_v2", 3, 6.0, {"trust_remote_code": True}, 1.2),
 }
-SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam"}
+SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
-LAST_LAYER_DRAFT = {"gemma4", "gpt_oss", "laguna"}
+LAST_LAYER_DRAFT = {"gemma4", "gpt_oss", "laguna", "mimo_v2"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -95,6 +103,7 @@ ARCHITECTURES = {
     "muse_glimmer_lm": "MuseGlimmerForCausalLM",
     "nanbeige": "NanbeigeForCausalLM",
     "beam": "BeamForCausalLM",
+    "mimo_v2": "MiMoV2FlashForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -239,6 +248,8 @@ def test_the_plain_engine_matches_transformers(served, tiny):
         model = nanbeige_unrolled(target)
     elif name == "beam":  # no transformers class: a plain PyTorch forward
         model = BeamReference(target)
+    elif name == "mimo_v2":  # the same weights under transformers' own config
+        model = mimo_v2_transformers(target)
     else:
         source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
         cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))

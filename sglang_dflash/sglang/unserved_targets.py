@@ -48,7 +48,8 @@ PER_LAYER_ROPE_CLASSES = ("MiMoV2ForCausalLM",)
 PER_LAYER_ROPE = (
     "SGLang's layers pass its per-layer-type RoPE settings (config.rope_scaling = {layer type: "
     "settings}, as transformers' own config class writes them) to get_rope, which cannot take them; "
-    "the checkpoint's own config class (--trust-remote-code) may write them flat"
+    "launch with --trust-remote-code, so that the checkpoint's own config class is read, with flat "
+    "settings (rope_theta, swa_rope_theta, partial_rotary_factor)"
 )
 
 
