@@ -105,7 +105,7 @@ STATUS: dict[str, tuple[str, str]] = {
     "MuseGlimmerForCausalLM": (
         "cpu",
         "SWA pool; the same weights in SGLang's names and flat config: greedy, prefix cache "
-        "(`test_target_classes.py`)",
+        "(`test_target_classes.py`, with `--run-slow`: its subclass above runs by default)",
     ),
     "BeamForCausalLM": (
         "cpu",

@@ -85,23 +85,28 @@ def test_dflash_at_tp2_is_lossless_and_verifies_the_tp1_proposals(tiny, two_rank
     "b" (6 heads, 2 KV heads) with a draft of 4 heads and 2 KV heads; 8 prompts at batch
     sizes 1 and 8, overlap scheduling on, greedy and under a regex. The TP=1 DFLASH engine
     (lossless against TP=1 without speculation: test_lossless.py) gives the TP=2 plain
-    engine's tokens, so the TP=2 plain engine is the TP=1 one's too."""
+    engine's tokens, so the TP=2 plain engine is the TP=1 one's too. The TP=1 engine runs for
+    the shipped pair only: the random "b-tp" draft has no proposal accepted (0 of 192 tokens at
+    TP=1, batch 8), so its verify counts at TP=1 and TP=2 would agree whatever it proposed
+    (suite time)."""
     target, draft, prompts = _pair(tiny, pair)
     plain = _run(target, prompts=prompts, tp_size=2)
     want, want_constrained = _ids(plain[8]), _ids(plain["constrained"])
-    tp1 = _run(target, draft, prompts, fixed_width=True)
-    assert _ids(tp1[8]) == want
-    assert _ids(tp1["constrained"]) == want_constrained
     out = _run(target, draft, prompts, (1, 8), tp_size=2)
     for batch_size in (1, 8):
         assert _ids(out[batch_size]) == want, batch_size
     assert _ids(out["constrained"]) == want_constrained
+    if pair != "shipped":
+        return
+    tp1 = _run(target, draft, prompts, fixed_width=True)
+    assert _ids(tp1[8]) == want
+    assert _ids(tp1["constrained"]) == want_constrained
     # The same verify steps per request as at TP=1: the sharded draft proposed the same tokens
     # (the width is fixed at TP > 1; the TP=1 engine above is fixed too).
     for key in (8, "constrained"):
         assert _verify_counts(out[key]) == _verify_counts(tp1[key]), key
-    if pair == "shipped":  # its trained draft is accepted, so the comparison is not of empty drafts
-        assert sum(len(o["output_ids"]) - 1 - o["meta_info"]["spec_verify_ct"] for o in tp1[8]) > 0
+    # Its trained draft is accepted, so the comparison is not of empty drafts.
+    assert sum(len(o["output_ids"]) - 1 - o["meta_info"]["spec_verify_ct"] for o in tp1[8]) > 0
 
 
 def test_dflash_at_tp2_refuses_a_draft_whose_kv_heads_do_not_split(tiny, two_ranks):

@@ -60,6 +60,7 @@ def test_cached_prefix_gives_the_same_draft_proposals(tiny, tmp_path, width1_ste
     assert warm_steps == cold_steps
 
 
+@pytest.mark.slow  # the demonstration that the check above can fail: one more engine, with --run-slow
 def test_check_fails_without_decode_time_injection(tiny, tmp_path):
     warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_decode_injection=True)
     assert warm["output_ids"] == cold["output_ids"]  # still lossless: only the draft is wrong

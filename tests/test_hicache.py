@@ -64,6 +64,7 @@ def test_a_prefix_reloaded_from_host_gives_the_same_draft_proposals(tiny, tmp_pa
     assert warm_steps == cold_steps
 
 
+@pytest.mark.slow  # the demonstration that the check above can fail: one more engine, with --run-slow
 def test_check_fails_without_the_draft_backup(tiny, tmp_path):
     warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_draft_backup=True)
     assert _host_hit(warm) >= len(PROMPT) // 2, warm["meta_info"]

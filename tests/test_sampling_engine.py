@@ -91,7 +91,10 @@ def reference(tiny):
 
 @pytest.fixture(scope="module")
 def dflash(tiny, reference):
-    samples = _with_engine(_sample, tiny.target("flat"), tiny.draft("a"), 4)
+    def sample_and_seed(engine):  # and the seeded requests, on the same engine
+        return dict(_sample(engine), seeded=_seeded_twice(engine))
+
+    samples = _with_engine(sample_and_seed, tiny.target("flat"), tiny.draft("a"), 4)
     greedy = _with_engine(_greedy, *tiny.pair("a"), 4)
     return dict(greedy, **samples)
 
@@ -182,16 +185,15 @@ def _seeded(engine):
     return [o["output_ids"] for o in engines.generate_concurrently(engine, [(PROMPT, s) for s in SEEDED])]
 
 
-def test_seeded_sampling_is_reproducible(tiny):
-    engine = engines.start(tiny.target("flat"), tiny.draft("a"), 4)
-    try:
-        first, second = _seeded(engine), _seeded(engine)
-        # Unseeded requests sharing the batch still sample independently.
-        unseeded = engines.generate_concurrently(
-            engine, [(PROMPT, dict(s, sampling_seed=None)) for s in SEEDED]
-        )
-    finally:
-        engines.shutdown(engine)
+def _seeded_twice(engine) -> tuple:
+    first, second = _seeded(engine), _seeded(engine)
+    # Unseeded requests sharing the batch still sample independently.
+    unseeded = engines.generate_concurrently(engine, [(PROMPT, dict(s, sampling_seed=None)) for s in SEEDED])
+    return first, second, [o["output_ids"] for o in unseeded]
+
+
+def test_seeded_sampling_is_reproducible(dflash):
+    first, second, unseeded = dflash["seeded"]
     assert first == second
     assert len({tuple(x) for x in first}) > 1  # different seeds, different samples
-    assert len({tuple(o["output_ids"]) for o in unseeded}) > 1
+    assert len({tuple(x) for x in unseeded}) > 1
