@@ -23,7 +23,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dflash.sglang.unserved_targets import CPU_ENGINE_CANNOT_RUN
+from sglang_dflash.sglang.unserved_targets import CPU_ENGINE_CANNOT_RUN, NO_CAPTURE
 
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
@@ -34,6 +34,7 @@ STATUSES = {
     "reasoned": "reasoned",  # its pool mapped and checked against SGLang's objects; not run
     "untested": "not run yet",  # should serve (it captures); no test has run it
     "refused": "refused on CPU",  # DFLASH on the CPU engine refuses it at start-up, naming why
+    "refused-any": "refused",  # DFLASH refuses it at start-up on every device, naming why
     "other": "not a target",  # a draft module (MTP, NextN, EAGLE) or an embedding model
 }
 
@@ -115,6 +116,29 @@ STATUS: dict[str, tuple[str, str]] = {
     ),
     # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
+    **{name: ("refused-any", reason) for name, reason in NO_CAPTURE.items()},
+    "InternS2PreviewForConditionalGeneration": (
+        "reasoned",
+        "`Qwen3_5MoeForConditionalGeneration` with no code of its own (SGLang's config class of its own)",
+    ),
+    "Cosmos3ForConditionalGeneration": (
+        "untested",
+        "a `Qwen3VLForConditionalGeneration` subclass (its capture completed the same way) whose weights "
+        "load from `transformer/` and `vision_encoder/` folders",
+    ),
+    "InternS1ProForConditionalGeneration": (
+        "untested",
+        "a `Qwen3VLMoeForConditionalGeneration` subclass with a grouped router and FoPE rotary (which "
+        "SGLang builds on CUDA only); remote-code config",
+    ),
+    "InternS2MobiusForConditionalGeneration": (
+        "untested",
+        "Qwen3.5's layers with expert banks shared across layers and a strict loader",
+    ),
+    "Gemma4UnifiedForConditionalGeneration": (
+        "untested",
+        "`Gemma4TextModel` (as `Gemma4ForCausalLM`) behind an encoder-free image embedder",
+    ),
     "MiMoV2FlashForCausalLM": (
         "cpu",
         "with the checkpoint's own config class (`--trust-remote-code`): SWA pool with sinks, a smaller V "
@@ -136,10 +160,8 @@ STATUS: dict[str, tuple[str, str]] = {
     **_rows(
         "untested",
         "",
-        "Cosmos3ForConditionalGeneration Gemma4UnifiedForConditionalGeneration "
-        "InternS1ProForConditionalGeneration InternS2MobiusForConditionalGeneration "
-        "InternS2PreviewForConditionalGeneration Llama4ForCausalLM MellumForCausalLM Ministral3ForCausalLM "
-        "MistralLarge3ForCausalLM Qwen4ExpForConditionalGeneration TeleFLMForCausalLM",
+        "Llama4ForCausalLM MellumForCausalLM Ministral3ForCausalLM MistralLarge3ForCausalLM "
+        "TeleFLMForCausalLM",
     ),
     "Lfm2BidirectionalModel": ("other", "an embedding model (bidirectional): nothing to decode"),
     **_rows(

@@ -190,6 +190,9 @@ def test_refusals_follow_the_class_ancestry():
     assert refusal(flash, flat, "cuda") is None  # flat settings are what SGLang reads
     per_layer = SimpleNamespace(rope_scaling={"full_attention": {"rope_type": "default"}})
     assert refusal(flash, per_layer, "cuda").startswith("with this config on any device")
+    # A class whose SGLang model drops the captured layers, on every device.
+    qwen4 = type("Qwen4ExpForConditionalGeneration", (), {})
+    assert refusal(qwen4, SimpleNamespace(), "cuda").startswith("on any device: SGLang's model returns")
 
 
 def _serve(engine) -> dict:

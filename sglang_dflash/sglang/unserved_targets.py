@@ -53,6 +53,19 @@ PER_LAYER_ROPE = (
 )
 
 
+# Classes whose SGLang 0.5.23 model drops the captured layers on every device. Qwen4-Exp:
+# `Qwen4ExpModel.forward` returns (hidden states, hyper-connection streams) on every batch that is
+# not idle, never the aux hidden states it collected, and `Qwen4ExpVLModel` hands the wrapper a
+# plain tensor; the draft would get no target features (and each layer's stream is
+# `hc_count` x hidden wide).
+NO_CAPTURE: dict[str, str] = {
+    "Qwen4ExpForConditionalGeneration": (
+        "SGLang's model returns its hyper-connection streams in place of the captured layers, so "
+        "the draft would get no target features"
+    ),
+}
+
+
 def _names(model_cls: type) -> list[str]:
     return [klass.__name__ for klass in model_cls.__mro__]
 
@@ -72,5 +85,8 @@ def refusal(model_cls: type, config, device: str) -> Optional[str]:
         and any(isinstance(v, dict) for v in rope.values())
     ):
         return f"with this config on any device: {PER_LAYER_ROPE}"
+    reason = next((NO_CAPTURE[n] for n in _names(model_cls) if n in NO_CAPTURE), None)
+    if reason is not None:
+        return f"on any device: {reason}"
     reason = cpu_engine_refusal(model_cls) if device == "cpu" else None
     return None if reason is None else f"on SGLang's CPU engine: {reason}"
