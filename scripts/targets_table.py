@@ -157,11 +157,28 @@ STATUS: dict[str, tuple[str, str]] = {
     **_rows(
         "untested", "its fp8 KV cache needs AMX on SGLang's CPU engine", "MuseSparkForConditionalGeneration"
     ),
-    **_rows(
+    "Llama4ForCausalLM": (
         "untested",
-        "",
-        "Llama4ForCausalLM MellumForCausalLM Ministral3ForCausalLM MistralLarge3ForCausalLM "
-        "TeleFLMForCausalLM",
+        "Llama's loader, which reads no fused experts (SGLang loads them in the multimodal wrapper, "
+        "`mllama4.py`), and NeoX RoPE where transformers' Llama-4 rotates interleaved pairs",
+    ),
+    "MellumForCausalLM": (
+        "untested",
+        "a `Qwen3MoeForCausalLM` subclass with sliding and full layers (SWA pool), RoPE per layer type, "
+        "dense or sparse MLPs",
+    ),
+    "Ministral3ForCausalLM": (
+        "untested",
+        "a `LlamaForCausalLM` subclass whose attention scales queries by position (`llama_4_scaling_beta`)",
+    ),
+    "MistralLarge3ForCausalLM": (
+        "untested",
+        "`DeepseekV3ForCausalLM` (MLA) with a loader that reads Mistral-native weight names only",
+    ),
+    "TeleFLMForCausalLM": (
+        "untested",
+        "a `LlamaForCausalLM` subclass with muP: embeddings scaled by `input_mult` in the model's forward, "
+        "logits by `output_mult / mup_scale_factor`",
     ),
     "Lfm2BidirectionalModel": ("other", "an embedding model (bidirectional): nothing to decode"),
     **_rows(
