@@ -436,6 +436,14 @@ def _as_muse_glimmer_causal_lm(path: str) -> None:
     save_file(renamed, file)
 
 
+def _favour(embedding: torch.Tensor, head: torch.Tensor, favour: float) -> None:
+    """With `favour` > 0, in place: every embedding row [V, H] carries 1.0 in dimension 0, and the
+    LM head [V, H] reads it into token FAVOURED_ID's logit (see `make_hybrid_target`)."""
+    if favour:
+        embedding[:, 0] = 1.0
+        head[FAVOURED_ID, 0] = favour
+
+
 def _save_peaked(model, path: str, favour: float, rows_like_0: Sequence[int] = ()) -> None:
     """Larger-than-default init (peaked next-token distributions, far from greedy ties); with
     `favour`, the favoured token (see `make_hybrid_target`); the embedding rows `rows_like_0`
@@ -444,9 +452,7 @@ def _save_peaked(model, path: str, favour: float, rows_like_0: Sequence[int] = (
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.15)
-        if favour:
-            model.get_input_embeddings().weight[:, 0] = 1.0
-            model.lm_head.weight[FAVOURED_ID, 0] = favour
+        _favour(model.get_input_embeddings().weight, model.lm_head.weight, favour)
         table = model.get_input_embeddings().weight
         for row in rows_like_0:
             table[row] = table[0]
@@ -929,9 +935,7 @@ def make_beam_target(path: str, *, seed: int = 0, favour: float = 0.0) -> str:
             tensors[f"{layer}{prefix}up_proj.weight"] = matrix(width, hidden)
             tensors[f"{layer}{prefix}down_proj.weight"] = matrix(hidden, width)
     tensors["model.norm.weight"] = norm(hidden)
-    if favour:
-        tensors["model.embed_tokens.weight"][:, 0] = 1.0
-        tensors["lm_head.weight"][FAVOURED_ID, 0] = favour
+    _favour(tensors["model.embed_tokens.weight"], tensors["lm_head.weight"], favour)
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "model.safetensors"))
     config = dict(a, **BEAM_SHAPE)

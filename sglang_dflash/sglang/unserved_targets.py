@@ -70,9 +70,14 @@ def _names(model_cls: type) -> list[str]:
     return [klass.__name__ for klass in model_cls.__mro__]
 
 
+def _reason(table: dict[str, str], model_cls: type) -> Optional[str]:
+    """The reason `table` gives for `model_cls` or its nearest ancestor in it, or None."""
+    return next((table[n] for n in _names(model_cls) if n in table), None)
+
+
 def cpu_engine_refusal(model_cls: type) -> Optional[str]:
     """Why SGLang's CPU engine cannot run `model_cls` (or an ancestor), or None."""
-    return next((CPU_ENGINE_CANNOT_RUN[n] for n in _names(model_cls) if n in CPU_ENGINE_CANNOT_RUN), None)
+    return _reason(CPU_ENGINE_CANNOT_RUN, model_cls)
 
 
 def refusal(model_cls: type, config, device: str) -> Optional[str]:
@@ -85,7 +90,7 @@ def refusal(model_cls: type, config, device: str) -> Optional[str]:
         and any(isinstance(v, dict) for v in rope.values())
     ):
         return f"with this config on any device: {PER_LAYER_ROPE}"
-    reason = next((NO_CAPTURE[n] for n in _names(model_cls) if n in NO_CAPTURE), None)
+    reason = _reason(NO_CAPTURE, model_cls)
     if reason is not None:
         return f"on any device: {reason}"
     reason = cpu_engine_refusal(model_cls) if device == "cpu" else None
