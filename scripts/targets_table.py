@@ -30,7 +30,8 @@ BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 STATUSES = {
-    "cpu": "CPU-tested",  # tiny random targets on SGLang's CPU engine, against the engine without DFLASH
+    # tiny random targets on SGLang's CPU engine, against the engine without DFLASH or an oracle
+    "cpu": "CPU-tested",
     "reasoned": "reasoned",  # its pool mapped and checked against SGLang's objects; not run
     "untested": "not run yet",  # should serve (it captures); no test has run it
     "refused": "refused on CPU",  # DFLASH on the CPU engine refuses it at start-up, naming why
@@ -163,22 +164,24 @@ STATUS: dict[str, tuple[str, str]] = {
         "`mllama4.py`), and NeoX RoPE where transformers' Llama-4 rotates interleaved pairs",
     ),
     "MellumForCausalLM": (
-        "untested",
-        "a `Qwen3MoeForCausalLM` subclass with sliding and full layers (SWA pool), RoPE per layer type, "
-        "dense or sparse MLPs",
+        "cpu",
+        "a `Qwen3MoeForCausalLM` subclass: SWA pool, RoPE per layer type, dense then MoE layers; greedy "
+        "against transformers directly, prefix cache (`test_target_classes.py`)",
     ),
     "Ministral3ForCausalLM": (
-        "untested",
-        "a `LlamaForCausalLM` subclass whose attention scales queries by position (`llama_4_scaling_beta`)",
+        "cpu",
+        "a `LlamaForCausalLM` subclass: queries scaled by position (`llama_4_scaling_beta`, with the period "
+        "SGLang reads from the flat `original_max_position_embeddings`), YaRN; greedy against transformers "
+        "directly, prefix cache (`test_target_classes.py`)",
     ),
     "MistralLarge3ForCausalLM": (
         "untested",
         "`DeepseekV3ForCausalLM` (MLA) with a loader that reads Mistral-native weight names only",
     ),
     "TeleFLMForCausalLM": (
-        "untested",
-        "a `LlamaForCausalLM` subclass with muP: embeddings scaled by `input_mult` in the model's forward, "
-        "logits by `output_mult / mup_scale_factor`",
+        "cpu",
+        "a `LlamaForCausalLM` subclass with muP (`input_mult`, `output_mult / mup_scale_factor`); greedy "
+        "against Llama with the multipliers folded in, prefix cache (`test_target_classes.py`)",
     ),
     "Lfm2BidirectionalModel": ("other", "an embedding model (bidirectional): nothing to decode"),
     **_rows(

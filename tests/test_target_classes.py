@@ -31,14 +31,20 @@ served by DFLASH with untrained draft "a":
 * Nanbeige (`NanbeigeForCausalLM`) as a loop model: its 4 layers run twice, and the draft's layer
   ids count the 8 unrolled steps, as SGLang counts them (draft "a" reads step 4, the second
   run's first layer). Transformers has no Nanbeige class: the oracle is its Llama with the
-  layers repeated (`nanbeige_unrolled`), which is the same forward without a norm between runs.
+  layers repeated (`nanbeige_unrolled`), which is the same forward without a norm between runs;
+* three classes one step from a class above, checked against their oracle directly (DIRECT):
+  TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
+  (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
+  layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
+  (`Ministral3ForCausalLM`), Llama with YaRN and queries scaled by position past a period of 16.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
 checkpoint written by hand); DFLASH (on Gemma-4, gpt-oss, Laguna and MiMo-V2
 with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
-prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
+prefix-cache round. One plain engine and one DFLASH engine per class, one at a time; on the DIRECT
+classes DFLASH's ids are compared with the oracle's and the plain engine runs with --run-slow. Gemma-4 and
 gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
 torch_native without AMX).
 """
@@ -62,6 +68,7 @@ from tests.tiny_models import (
     make_tokenizer,
     mimo_v2_transformers,
     nanbeige_unrolled,
+    teleflm_folded,
 )
 
 pytestmark = pytest.mark.sglang
@@ -86,8 +93,17 @@ CLASSES = {
     "beam": ("beam", 3, 6.0, {}, 1.5),
     # As the published checkpoints are served: their own config class, with --trust-remote-code.
     "mimo_v2": ("mimo_v2", 3, 6.0, {"trust_remote_code": True}, 1.2),
+    "teleflm": ("teleflm", 0, 8.0, {}, 1.1),
+    "mellum": ("mellum", 2, 6.0, {}, 1.1),
+    "ministral3": ("ministral3", 0, 16.0, {}, 1.2),
 }
-SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2"}
+# Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
+# at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
+# time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
+# Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
+# Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries.
+DIRECT = {"teleflm", "mellum", "ministral3"}
+SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
@@ -104,6 +120,9 @@ ARCHITECTURES = {
     "nanbeige": "NanbeigeForCausalLM",
     "beam": "BeamForCausalLM",
     "mimo_v2": "MiMoV2FlashForCausalLM",
+    "teleflm": "TeleFLMForCausalLM",
+    "mellum": "MellumForCausalLM",
+    "ministral3": "Ministral3ForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -216,6 +235,34 @@ def _target(tiny, name: str) -> str:
     return target
 
 
+def _oracle(tiny, name: str, target: str):
+    """The reference forward of class `name`, with a greedy `generate`."""
+    import transformers
+
+    if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
+        return nanbeige_unrolled(target)
+    if name == "beam":  # no transformers class: a plain PyTorch forward
+        return BeamReference(target)
+    if name == "mimo_v2":  # the same weights under transformers' own config
+        return mimo_v2_transformers(target)
+    if name == "teleflm":  # no transformers class: Llama with the muP multipliers folded in
+        return teleflm_folded(target)
+    source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
+    cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
+    return cls.from_pretrained(source, dtype=torch.float32).eval()
+
+
+def _greedy_ids(model, prompts) -> list:
+    with torch.no_grad():
+        return [
+            model.generate(
+                torch.tensor([prompt]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )[0, len(prompt) :].tolist()
+            for prompt in prompts
+        ]  # fmt: skip
+
+
 # Run with --run-slow only (suite time): the text-only Muse Glimmer class, whose SGLang subclass
 # MuseGlimmerForConditionalGeneration (the same text model, capture method included) runs above.
 SLOW = {"muse_glimmer_lm"}
@@ -225,15 +272,22 @@ SLOW = {"muse_glimmer_lm"}
     scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CLASSES]
 )
 def served(request, tiny):
-    """(name, target path, plain outputs, DFLASH outputs, DFLASH server state), one class at a time."""
+    """(name, target path, plain outputs, DFLASH outputs, DFLASH server state, oracle ids), one
+    class at a time. The plain outputs are None, and the oracle ids stand in for them, on the
+    DIRECT classes without --run-slow; the oracle ids are None on the others."""
     name = request.param
     flags = CLASSES[name][3]
     target = _target(tiny, name)
-    engine = engines.start(target, **flags)
-    try:
-        plain = _serve(engine)
-    finally:
-        engines.shutdown(engine)
+    plain = oracle = None
+    if name in DIRECT:  # the oracle's ids in the shape `_serve` returns
+        ids = _greedy_ids(_oracle(tiny, name, target), PROMPTS + PREFIXED)
+        oracle = {1: ids[:4], 4: ids[: len(PROMPTS)], "prefixed": ids[len(PROMPTS) :]}
+    if name not in DIRECT or request.config.getoption("--run-slow"):
+        engine = engines.start(target, **flags)
+        try:
+            plain = _serve(engine)
+        finally:
+            engines.shutdown(engine)
     draft = tiny.draft("a")
     if name in LAST_LAYER_DRAFT:
         ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
@@ -245,39 +299,31 @@ def served(request, tiny):
         state = engines.server_state(engine)
     finally:
         engines.shutdown(engine)
-    return name, target, plain, dflash, state
+    return name, target, plain, dflash, state, oracle
+
+
+def _reference(served, key) -> list:
+    """What DFLASH's ids must equal: the plain engine's, or on a DIRECT class the oracle's."""
+    _, _, plain, _, _, oracle = served
+    return _ids(plain[key]) if plain is not None else oracle[key]
 
 
 def test_the_plain_engine_matches_transformers(served, tiny):
-    import transformers
-
-    name, target, plain, _, _ = served
+    name, target, plain, _, _, oracle = served
     with open(os.path.join(target, "config.json")) as f:
         assert f'"{ARCHITECTURES[name]}"' in f.read()
-    if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
-        model = nanbeige_unrolled(target)
-    elif name == "beam":  # no transformers class: a plain PyTorch forward
-        model = BeamReference(target)
-    elif name == "mimo_v2":  # the same weights under transformers' own config
-        model = mimo_v2_transformers(target)
-    else:
-        source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
-        cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
-        model = cls.from_pretrained(source, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for i, prompt in enumerate(PROMPTS[:4]):
-            ids = model.generate(
-                torch.tensor([prompt]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )[0, len(prompt) :]  # fmt: skip
-            assert ids.tolist() == plain[1][i]["output_ids"], f"{name}: prompt {i}"
+    if plain is None:
+        pytest.skip(f"{name}: DFLASH is checked against the oracle; the plain engine runs with --run-slow")
+    want = oracle[1] if oracle is not None else _greedy_ids(_oracle(tiny, name, target), PROMPTS[:4])
+    for i, ids in enumerate(want):
+        assert ids == plain[1][i]["output_ids"], f"{name}: prompt {i}"
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
-    name, _, plain, dflash, state = served
+    name, _, _, dflash, state, _ = served
     assert state["dflash_implementation"].startswith("sglang-dflash")
-    got, want = _ids(dflash[batch_size]), _ids(plain[batch_size])
+    got, want = _ids(dflash[batch_size]), _reference(served, batch_size)
     mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     assert not mismatches, f"{name}: prompts {mismatches} differ"
     if batch_size == 4:  # the acceptance over all eight prompts
@@ -287,11 +333,13 @@ def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
 
 
 def test_a_prefix_cache_round(served):
-    name, _, plain, dflash, _ = served
-    assert _ids(dflash["prefixed"]) == _ids(plain["prefixed"]), name
+    name, _, plain, dflash, _, _ = served
+    assert _ids(dflash["prefixed"]) == _reference(served, "prefixed"), name
     # The second request reuses what the engine without speculation reuses: the shared prefix, or
-    # on the sliding-window targets what SGLang's SWA radix cache keeps of it.
+    # on the sliding-window targets what SGLang's SWA radix cache keeps of it (nothing, on these
+    # prompts, for some). Without that engine (DIRECT), the shared prefix on the others.
     cached = [o["meta_info"]["cached_tokens"] for o in dflash["prefixed"]]
-    assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
+    if plain is not None:
+        assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
     if name not in SLIDING:
         assert cached[1] >= len(SHARED_PREFIX) - 1

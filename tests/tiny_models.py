@@ -126,6 +126,31 @@ YARN = dict(
 )
 
 
+# TeleFLM's muP fields: SGLang's model multiplies the embeddings by `input_mult` in its forward
+# and the logits by `output_mult / mup_scale_factor` (`teleflm_folded` folds both into Llama).
+TELEFLM_MUP = {"use_mup": True, "input_mult": 4.0, "output_mult": 3.0, "mup_scale_factor": 2.0}
+# Ministral 3's RoPE as published (YaRN, and queries scaled by 1 + beta * log(1 + floor(pos / P))),
+# with a period P of 16 so that the prompts cross it several times.
+MINISTRAL3_ROPE = dict(YARN, factor=16.0, original_max_position_embeddings=16, llama_4_scaling_beta=0.1)
+
+
+def teleflm_folded(path: str):
+    """Transformers' Llama on the TeleFLM target at `path`, with the muP multipliers folded into
+    its embedding and LM head: the reference for TeleFLM's forward."""
+    import transformers
+
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", *TELEFLM_MUP)}
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        path, config=transformers.LlamaConfig(**fields), dtype=torch.float32
+    )
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(raw["input_mult"])
+        model.lm_head.weight.mul_(raw["output_mult"] / raw["mup_scale_factor"])
+    return model.eval()
+
+
 # A Nanbeige loop model runs its layers `num_loops` times; without the norm between the runs its
 # forward is that of a Llama with the layers repeated (`nanbeige_unrolled`).
 NANBEIGE_LOOPS = {"num_loops": 2, "skip_loop_final_norm": True}
@@ -171,8 +196,10 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
     torch.manual_seed(seed)
     common = dict(TEXT_SHAPE_A, intermediate_size=128, pad_token_id=EOS_ID)
     extra: dict = {}  # config.json fields SGLang reads that transformers' config does not write
-    if family in ("llama", "nanbeige"):
+    if family in ("llama", "nanbeige", "teleflm"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+        if family == "teleflm":  # Llama's weights and config, with the muP fields TeleFLM reads
+            extra = dict(TELEFLM_MUP, architectures=["TeleFLMForCausalLM"])
         if family == "nanbeige":  # Llama's layers run twice, with no norm between the runs
             # SGLang's NanbeigeConfig reads the flat rope_theta (default 50000) Nanbeige's configs write.
             extra = {
@@ -181,6 +208,29 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
                 "rope_theta": 10000.0,
             }
             extra.update(NANBEIGE_LOOPS)
+    elif family == "ministral3":  # Llama's layers; queries scaled by position, YaRN RoPE past 16
+        # As published, max_position_embeddings is the YaRN factor times the original period.
+        config = transformers.Ministral3Config(
+            **dict(common, max_position_embeddings=256), rope_parameters=MINISTRAL3_ROPE
+        )
+        model = transformers.Ministral3ForCausalLM(config)
+        # SGLang reads the scaling's period from the flat field, transformers from rope_parameters.
+        extra = {"original_max_position_embeddings": MINISTRAL3_ROPE["original_max_position_embeddings"]}
+    elif family == "mellum":  # Qwen3-MoE's layers: sliding and full (a theta each), dense then MoE
+        config = transformers.MellumConfig(
+            **common,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=8,
+            mlp_layer_types=["dense"] + ["sparse"] * 3,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            },
+        )
+        model = transformers.MellumForCausalLM(config)
     elif family == "qwen3_moe":
         config = transformers.Qwen3MoeConfig(
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True
