@@ -159,9 +159,12 @@ STATUS: dict[str, tuple[str, str]] = {
         "untested", "its fp8 KV cache needs AMX on SGLang's CPU engine", "MuseSparkForConditionalGeneration"
     ),
     "Llama4ForCausalLM": (
-        "untested",
-        "Llama's loader, which reads no fused experts (SGLang loads them in the multimodal wrapper, "
-        "`mllama4.py`), and NeoX RoPE where transformers' Llama-4 rotates interleaved pairs",
+        "cpu",
+        "dense layers only (Llama's loader reads no fused experts; SGLang loads them in the multimodal "
+        "wrapper, `mllama4.py`), NoPE layers with position-scaled queries, NeoX RoPE: a checkpoint's q/k "
+        "rows in NeoX order, where transformers' Llama-4 rotates interleaved pairs; on CPU its RoPE made "
+        "to write in place (`cpu/bootstrap.py`); greedy against transformers directly, prefix cache "
+        "(`test_target_classes.py`)",
     ),
     "MellumForCausalLM": (
         "cpu",

@@ -36,7 +36,12 @@ served by DFLASH with untrained draft "a":
   TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
   (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
-  (`Ministral3ForCausalLM`), Llama with YaRN and queries scaled by position past a period of 16.
+  (`Ministral3ForCausalLM`), Llama with YaRN and queries scaled by position past a period of 16;
+  Llama-4 (`Llama4ForCausalLM`), dense layers (SGLang's class alone loads no experts), every
+  fourth without RoPE and with its queries scaled by position, the checkpoint's q/k rows in the
+  NeoX order SGLang's RoPE reads (oracle: transformers' class with them put back in its
+  interleaved order, `llama4_interleaved`). On the CPU engine it needs the rotary patch in
+  `cpu/bootstrap.py`: without it SGLang's layers run without RoPE and differ on 4 of 4 prompts.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
@@ -63,6 +68,7 @@ from tests.tiny_models import (
     TEXT_SHAPE_A,
     BeamReference,
     _edit_json,
+    llama4_interleaved,
     make_beam_target,
     make_family_target,
     make_tokenizer,
@@ -96,13 +102,15 @@ CLASSES = {
     "teleflm": ("teleflm", 0, 8.0, {}, 1.1),
     "mellum": ("mellum", 2, 6.0, {}, 1.1),
     "ministral3": ("ministral3", 0, 16.0, {}, 1.2),
+    "llama4": ("llama4", 1, 8.0, {}, 1.2),
 }
 # Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
 # at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
 # time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
 # Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
-# Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries.
-DIRECT = {"teleflm", "mellum", "ministral3"}
+# Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries, Llama-4
+# Llama with NoPE layers.
+DIRECT = {"teleflm", "mellum", "ministral3", "llama4"}
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
@@ -123,6 +131,7 @@ ARCHITECTURES = {
     "teleflm": "TeleFLMForCausalLM",
     "mellum": "MellumForCausalLM",
     "ministral3": "Ministral3ForCausalLM",
+    "llama4": "Llama4ForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -247,6 +256,8 @@ def _oracle(tiny, name: str, target: str):
         return mimo_v2_transformers(target)
     if name == "teleflm":  # no transformers class: Llama with the muP multipliers folded in
         return teleflm_folded(target)
+    if name == "llama4":  # transformers' class, on the q/k rows in its own RoPE's order
+        return llama4_interleaved(target)
     source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
     cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
     return cls.from_pretrained(source, dtype=torch.float32).eval()

@@ -7,8 +7,8 @@ SGLANG_USE_CPU_ENGINE=1, read when a module is imported.
   `sgl_kernel_shim/` are served as the package `sgl_kernel`, and one log line says so.
 * A few SGLang modules are patched right after they are imported (`PATCHES`): where SGLang's
   CPU branch is gated on AMX support that the stand-ins replace, where a step of the
-  speculative path is Triton-only, and where the CPU attention lacks a term a model needs
-  (gpt-oss's sinks).
+  speculative path is Triton-only, where the CPU attention lacks a term a model needs
+  (gpt-oss's sinks), and where a model relies on a CUDA kernel writing in place (Llama-4's RoPE).
 
 See docs/serving.md ("CPU").
 """
@@ -218,7 +218,38 @@ def _plain_rope_for_mla_on_cpu(module) -> None:
     module.get_rope_cpu = get_rope_cpu
 
 
+def _llama4_rope_in_place_on_cpu(module) -> None:
+    """SGLang's Llama-4 attention calls its rotary on views of the fused q/k buffer and drops the
+    result, relying on the rotary writing into the views, as CUDA's kernel does (on NPU it
+    rebuilds the buffer from the result). On the CPU engine the rotary returns new tensors, so
+    the layers ran without RoPE. Here each rotary built for a Llama-4 layer also writes its
+    result into the views it was given."""
+    import torch
+
+    class RopeInPlace(torch.nn.Module):
+        def __init__(self, rotary):
+            super().__init__()
+            self.rotary = rotary
+
+        def forward(self, positions, query, key):
+            # query [T, heads * d] and key [T, kv_heads * d]: strided views of one buffer.
+            rotated_query, rotated_key = self.rotary(positions, query, key)
+            query.copy_(rotated_query.reshape(query.shape))
+            key.copy_(rotated_key.reshape(key.shape))
+            return query, key
+
+    build = module.Llama4Attention.__init__
+
+    def __init__(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        if self.rotary_emb is not None:  # the NoPE layers have none
+            self.rotary_emb = RopeInPlace(self.rotary_emb)
+
+    module.Llama4Attention.__init__ = __init__
+
+
 PATCHES = {
+    "sglang.srt.models.llama4": _llama4_rope_in_place_on_cpu,
     "sglang.srt.layers.rotary_embedding.factory": _plain_rope_for_mla_on_cpu,
     "sglang.srt.models.deepseek_common.attention_backend_handler": _absorbed_mla_on_torch_native,
     "sglang.srt.arg_groups.model_overrides.gpt_oss": _no_triton_kernels_moe_on_cpu,
