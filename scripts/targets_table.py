@@ -178,8 +178,11 @@ STATUS: dict[str, tuple[str, str]] = {
         "directly, prefix cache (`test_target_classes.py`)",
     ),
     "MistralLarge3ForCausalLM": (
-        "untested",
-        "`DeepseekV3ForCausalLM` (MLA) with a loader that reads Mistral-native weight names only",
+        "cpu",
+        "`DeepseekV3ForCausalLM` (MLA) read from a Mistral-native checkpoint (`params.json`, "
+        "`consolidated.safetensors`, recognised by the folder's name), softmax-routed MoE, YaRN, queries "
+        "scaled by position (`llama_4_scaling`); served in bf16 whatever `--dtype` says; greedy, prefix "
+        "cache (`test_target_classes.py`)",
     ),
     "TeleFLMForCausalLM": (
         "cpu",

@@ -32,7 +32,12 @@ served by DFLASH with untrained draft "a":
   ids count the 8 unrolled steps, as SGLang counts them (draft "a" reads step 4, the second
   run's first layer). Transformers has no Nanbeige class: the oracle is its Llama with the
   layers repeated (`nanbeige_unrolled`), which is the same forward without a norm between runs;
-* three classes one step from a class above, checked against their oracle directly (DIRECT):
+* Mistral Large 3 (`MistralLarge3ForCausalLM`) as published: a Mistral-native checkpoint
+  (`params.json`, `consolidated.safetensors`, in a folder whose name SGLang recognises) of
+  DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
+  (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
+  transformers' Mistral-4 class on the same weights in its own format;
+* four classes one step from a class above, checked against their oracle directly (DIRECT):
   TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
   (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
@@ -71,8 +76,10 @@ from tests.tiny_models import (
     llama4_interleaved,
     make_beam_target,
     make_family_target,
+    make_mistral_large_3_target,
     make_tokenizer,
     mimo_v2_transformers,
+    mistral_large_3_transformers,
     nanbeige_unrolled,
     teleflm_folded,
 )
@@ -103,6 +110,9 @@ CLASSES = {
     "mellum": ("mellum", 2, 6.0, {}, 1.1),
     "ministral3": ("ministral3", 0, 16.0, {}, 1.2),
     "llama4": ("llama4", 1, 8.0, {}, 1.2),
+    # Served in bf16 whatever --dtype says (SGLang's MODEL_OVERRIDES), both engines: the target is
+    # peaked enough that its greedy choices are not near ties at bf16's precision.
+    "mistral_large_3": ("mistral_large_3", 0, 3.0, {}, 1.5),
 }
 # Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
 # at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
@@ -132,6 +142,7 @@ ARCHITECTURES = {
     "mellum": "MellumForCausalLM",
     "ministral3": "Ministral3ForCausalLM",
     "llama4": "Llama4ForCausalLM",
+    "mistral_large_3": "MistralLarge3ForCausalLM",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -235,11 +246,17 @@ def _ids(outputs) -> list:
     return [o["output_ids"] for o in outputs]
 
 
+# Checkpoints not built by `make_family_target`, and the folder each needs: SGLang recognises a
+# Mistral-native checkpoint by its name.
+BUILDERS = {"beam": make_beam_target, "mistral_large_3": make_mistral_large_3_target}
+FOLDERS = {"mistral_large_3": "class-Mistral-Large-3"}
+
+
 def _target(tiny, name: str) -> str:
     family, seed, favour, _, _ = CLASSES[name]
-    target = os.path.join(tiny.root, f"class-{name}")
+    target = os.path.join(tiny.root, FOLDERS.get(name, f"class-{name}"))
     if not os.path.isdir(target):
-        make = make_beam_target if family == "beam" else partial(make_family_target, family=family)
+        make = BUILDERS.get(family, partial(make_family_target, family=family))
         make(target, seed=seed, favour=favour)
     return target
 
@@ -258,6 +275,8 @@ def _oracle(tiny, name: str, target: str):
         return teleflm_folded(target)
     if name == "llama4":  # transformers' class, on the q/k rows in its own RoPE's order
         return llama4_interleaved(target)
+    if name == "mistral_large_3":  # transformers' Mistral-4 on the same weights in its format
+        return mistral_large_3_transformers(target)
     source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
     cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
     return cls.from_pretrained(source, dtype=torch.float32).eval()
@@ -320,9 +339,10 @@ def _reference(served, key) -> list:
 
 
 def test_the_plain_engine_matches_transformers(served, tiny):
+    from sglang.srt.utils.hf_transformers.config import get_config
+
     name, target, plain, _, _, oracle = served
-    with open(os.path.join(target, "config.json")) as f:
-        assert f'"{ARCHITECTURES[name]}"' in f.read()
+    assert get_config(target, trust_remote_code=True).architectures == [ARCHITECTURES[name]]
     if plain is None:
         pytest.skip(f"{name}: DFLASH is checked against the oracle; the plain engine runs with --run-slow")
     want = oracle[1] if oracle is not None else _greedy_ids(_oracle(tiny, name, target), PROMPTS[:4])
