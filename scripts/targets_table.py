@@ -123,9 +123,10 @@ STATUS: dict[str, tuple[str, str]] = {
         "`Qwen3_5MoeForConditionalGeneration` with no code of its own (SGLang's config class of its own)",
     ),
     "Cosmos3ForConditionalGeneration": (
-        "untested",
+        "cpu",
         "a `Qwen3VLForConditionalGeneration` subclass (its capture completed the same way) whose weights "
-        "load from `transformer/` and `vision_encoder/` folders",
+        "load from `transformer/` and `vision_encoder/` folders in Cosmos 3's names; text requests, "
+        "greedy against transformers' Qwen3-VL directly, prefix cache (`test_target_classes.py`)",
     ),
     "InternS1ProForConditionalGeneration": (
         "untested",

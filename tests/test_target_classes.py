@@ -37,7 +37,7 @@ served by DFLASH with untrained draft "a":
   DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
   (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
   transformers' Mistral-4 class on the same weights in its own format;
-* four classes one step from a class above, checked against their oracle directly (DIRECT):
+* five classes one step from a class above, checked against their oracle directly (DIRECT):
   TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
   (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
@@ -46,7 +46,10 @@ served by DFLASH with untrained draft "a":
   fourth without RoPE and with its queries scaled by position, the checkpoint's q/k rows in the
   NeoX order SGLang's RoPE reads (oracle: transformers' class with them put back in its
   interleaved order, `llama4_interleaved`). On the CPU engine it needs the rotary patch in
-  `cpu/bootstrap.py`: without it SGLang's layers run without RoPE and differ on 4 of 4 prompts.
+  `cpu/bootstrap.py`: without it SGLang's layers run without RoPE and differ on 4 of 4 prompts;
+  Cosmos 3 (`Cosmos3ForConditionalGeneration`), serving text: Qwen3-VL's weights in Cosmos 3's
+  layout (`transformer/`, `vision_encoder/`, diffusers-style attention names) with two tensors of
+  its generation tower that SGLang drops (oracle: transformers' Qwen3-VL on the source weights).
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
@@ -75,6 +78,7 @@ from tests.tiny_models import (
     _edit_json,
     llama4_interleaved,
     make_beam_target,
+    make_cosmos3_target,
     make_family_target,
     make_mistral_large_3_target,
     make_tokenizer,
@@ -113,14 +117,15 @@ CLASSES = {
     # Served in bf16 whatever --dtype says (SGLang's MODEL_OVERRIDES), both engines: the target is
     # peaked enough that its greedy choices are not near ties at bf16's precision.
     "mistral_large_3": ("mistral_large_3", 0, 3.0, {}, 1.5),
+    "cosmos3": ("cosmos3", 2, 2.5, {}, 1.2),  # Qwen3-VL's weights (CONVERTED_FROM), seed and favour
 }
 # Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
 # at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
 # time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
 # Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
 # Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries, Llama-4
-# Llama with NoPE layers.
-DIRECT = {"teleflm", "mellum", "ministral3", "llama4"}
+# Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout.
+DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3"}
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
@@ -143,6 +148,7 @@ ARCHITECTURES = {
     "ministral3": "Ministral3ForCausalLM",
     "llama4": "Llama4ForCausalLM",
     "mistral_large_3": "MistralLarge3ForCausalLM",
+    "cosmos3": "Cosmos3ForConditionalGeneration",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -150,8 +156,11 @@ TRANSFORMERS_CLASSES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "muse_glimmer": "MuseGlimmerForConditionalGeneration",
     "muse_glimmer_lm": "MuseGlimmerForConditionalGeneration",
+    "cosmos3": "Qwen3VLForConditionalGeneration",
 }
-CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer"}
+CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer", "cosmos3": "qwen3_vl"}
+# Checkpoints written from their CONVERTED_FROM checkpoint: name -> f(path, source path).
+CONVERTERS = {"cosmos3": make_cosmos3_target}
 
 
 def test_torch_native_runs_mla_in_its_absorbed_form():
@@ -255,7 +264,9 @@ FOLDERS = {"mistral_large_3": "class-Mistral-Large-3"}
 def _target(tiny, name: str) -> str:
     family, seed, favour, _, _ = CLASSES[name]
     target = os.path.join(tiny.root, FOLDERS.get(name, f"class-{name}"))
-    if not os.path.isdir(target):
+    if not os.path.isdir(target) and name in CONVERTERS:
+        CONVERTERS[name](target, _target(tiny, CONVERTED_FROM[name]))
+    elif not os.path.isdir(target):
         make = BUILDERS.get(family, partial(make_family_target, family=family))
         make(target, seed=seed, favour=favour)
     return target
