@@ -138,8 +138,10 @@ STATUS: dict[str, tuple[str, str]] = {
         "Qwen3.5's layers with expert banks shared across layers and a strict loader",
     ),
     "Gemma4UnifiedForConditionalGeneration": (
-        "untested",
-        "`Gemma4TextModel` (as `Gemma4ForCausalLM`) behind an encoder-free image embedder",
+        "cpu",
+        "`Gemma4TextModel` (as `Gemma4ForCausalLM`) behind an encoder-free image embedder, tied head; text "
+        "requests with a draft reading L-1, greedy against transformers' class directly, prefix cache "
+        "(`test_target_classes.py`)",
     ),
     "MiMoV2FlashForCausalLM": (
         "cpu",

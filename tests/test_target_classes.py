@@ -37,7 +37,7 @@ served by DFLASH with untrained draft "a":
   DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
   (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
   transformers' Mistral-4 class on the same weights in its own format;
-* five classes one step from a class above, checked against their oracle directly (DIRECT):
+* six classes one step from a class above, checked against their oracle directly (DIRECT):
   TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
   (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
@@ -49,11 +49,15 @@ served by DFLASH with untrained draft "a":
   `cpu/bootstrap.py`: without it SGLang's layers run without RoPE and differ on 4 of 4 prompts;
   Cosmos 3 (`Cosmos3ForConditionalGeneration`), serving text: Qwen3-VL's weights in Cosmos 3's
   layout (`transformer/`, `vision_encoder/`, diffusers-style attention names) with two tensors of
-  its generation tower that SGLang drops (oracle: transformers' Qwen3-VL on the source weights).
+  its generation tower that SGLang drops (oracle: transformers' Qwen3-VL on the source weights);
+  Gemma-4-Unified (`Gemma4UnifiedForConditionalGeneration`), serving text with a draft reading
+  L-1: Gemma-4's text model (three sliding layers, a full one) with a tied head behind an
+  encoder-free image embedder, started with --enable-multimodal false (the tiny checkpoint has no
+  processor).
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
-checkpoint written by hand); DFLASH (on Gemma-4, gpt-oss, Laguna and MiMo-V2
+checkpoint written by hand); DFLASH (on Gemma-4, Gemma-4-Unified, gpt-oss, Laguna and MiMo-V2
 with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
 prefix-cache round. One plain engine and one DFLASH engine per class, one at a time; on the DIRECT
@@ -118,19 +122,29 @@ CLASSES = {
     # peaked enough that its greedy choices are not near ties at bf16's precision.
     "mistral_large_3": ("mistral_large_3", 0, 3.0, {}, 1.5),
     "cosmos3": ("cosmos3", 2, 2.5, {}, 1.2),  # Qwen3-VL's weights (CONVERTED_FROM), seed and favour
+    # Without a processor in the tiny checkpoint: text only, as --enable-multimodal false serves.
+    "gemma4_unified": (
+        "gemma4_unified",
+        0,
+        2.2,
+        {"attention_backend": None, "enable_multimodal": False},
+        1.5,
+    ),
 }
 # Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
 # at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
 # time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
 # Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
 # Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries, Llama-4
-# Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout.
-DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3"}
+# Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout, Gemma-4-Unified Gemma-4's
+# text model in a multimodal wrapper.
+DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3", "gemma4_unified"}
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
+SLIDING |= {"gemma4_unified"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
-LAST_LAYER_DRAFT = {"gemma4", "gpt_oss", "laguna", "mimo_v2"}
+LAST_LAYER_DRAFT = {"gemma4", "gemma4_unified", "gpt_oss", "laguna", "mimo_v2"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -149,6 +163,7 @@ ARCHITECTURES = {
     "llama4": "Llama4ForCausalLM",
     "mistral_large_3": "MistralLarge3ForCausalLM",
     "cosmos3": "Cosmos3ForConditionalGeneration",
+    "gemma4_unified": "Gemma4UnifiedForConditionalGeneration",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -157,6 +172,7 @@ TRANSFORMERS_CLASSES = {
     "muse_glimmer": "MuseGlimmerForConditionalGeneration",
     "muse_glimmer_lm": "MuseGlimmerForConditionalGeneration",
     "cosmos3": "Qwen3VLForConditionalGeneration",
+    "gemma4_unified": "Gemma4UnifiedForConditionalGeneration",
 }
 CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer", "cosmos3": "qwen3_vl"}
 # Checkpoints written from their CONVERTED_FROM checkpoint: name -> f(path, source path).

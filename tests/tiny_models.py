@@ -418,6 +418,32 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         )
         model = transformers.Gemma4ForCausalLM(config)
         extra = {"swa_num_key_value_heads": TEXT_SHAPE_A["num_key_value_heads"]}  # SGLang's SWA pool reads it
+    elif family == "gemma4_unified":  # Gemma-4's text model behind an encoder-free image embedder
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        text = dict(
+            common,
+            tie_word_embeddings=True,  # as released: SGLang's class reads its head from the embedding
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+            sliding_window=8,
+            per_layer_config={},
+            hidden_size_per_layer_input=0,  # written out: SGLang's text config defaults to 256
+            vocab_size_per_layer_input=TEXT_SHAPE_A["vocab_size"],
+            rope_parameters={"sliding_attention": rope, "full_attention": dict(rope, rope_theta=1e6)},
+        )
+        vision = dict(
+            patch_size=4, pooling_kernel_size=1, mm_embed_dim=64, mm_posemb_size=16, output_proj_dims=64
+        )
+        config = transformers.Gemma4UnifiedConfig(
+            text_config=text,
+            vision_config=vision,
+            audio_config=None,
+            eoi_token_id=None,  # the defaults lie past the tiny vocab; SGLang masks them out of the logits
+            eoa_token_index=None,
+            tie_word_embeddings=True,
+        )
+        model = transformers.Gemma4UnifiedForConditionalGeneration(config)
+        # SGLang reads the embedder's patch size (a property in transformers, not saved).
+        extra = {"vision_config": dict(config.vision_config.to_dict(), model_patch_size=4)}
     elif family == "gpt_oss":
         config = transformers.GptOssConfig(
             **common,
