@@ -23,7 +23,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dflash.sglang.unserved_targets import CPU_ENGINE_CANNOT_RUN, NO_CAPTURE
+from sglang_dflash.sglang.unserved_targets import ANY_DEVICE, CPU_ENGINE_CANNOT_RUN
 
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
@@ -117,7 +117,7 @@ STATUS: dict[str, tuple[str, str]] = {
     ),
     # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
-    **{name: ("refused-any", reason) for name, reason in NO_CAPTURE.items()},
+    **{name: ("refused-any", reason) for name, reason in ANY_DEVICE.items()},
     "InternS2PreviewForConditionalGeneration": (
         "reasoned",
         "`Qwen3_5MoeForConditionalGeneration` with no code of its own (SGLang's config class of its own)",
@@ -127,11 +127,6 @@ STATUS: dict[str, tuple[str, str]] = {
         "a `Qwen3VLForConditionalGeneration` subclass (its capture completed the same way) whose weights "
         "load from `transformer/` and `vision_encoder/` folders in Cosmos 3's names; text requests, "
         "greedy against transformers' Qwen3-VL directly, prefix cache (`test_target_classes.py`)",
-    ),
-    "InternS1ProForConditionalGeneration": (
-        "untested",
-        "a `Qwen3VLMoeForConditionalGeneration` subclass with a grouped router and FoPE rotary (which "
-        "SGLang builds on CUDA only); remote-code config",
     ),
     "InternS2MobiusForConditionalGeneration": (
         "untested",

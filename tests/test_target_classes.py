@@ -257,6 +257,17 @@ def test_refusals_follow_the_class_ancestry():
     # A class whose SGLang model drops the captured layers, on every device.
     qwen4 = type("Qwen4ExpForConditionalGeneration", (), {})
     assert refusal(qwen4, SimpleNamespace(), "cuda").startswith("on any device: SGLang's model returns")
+    # A class whose SGLang model cannot be built, on every device.
+    interns1pro = type("InternS1ProForConditionalGeneration", (), {})
+    assert refusal(interns1pro, SimpleNamespace(), "cpu").startswith("on any device: SGLang's text decoder")
+
+
+def test_interns1pro_cannot_be_built_by_sglang():
+    """The reason InternS1-Pro is refused: its decoder layer rejects what SGLang's model passes it."""
+    from sglang.srt.models.interns1pro import InternS1ProTextDecoderLayer
+
+    with pytest.raises(TypeError, match="start_layer"):
+        InternS1ProTextDecoderLayer(layer_id=0, start_layer=0, config=None, quant_config=None, prefix="")
 
 
 def _serve(engine) -> dict:
