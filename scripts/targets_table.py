@@ -129,8 +129,10 @@ STATUS: dict[str, tuple[str, str]] = {
         "greedy against transformers' Qwen3-VL directly, prefix cache (`test_target_classes.py`)",
     ),
     "InternS2MobiusForConditionalGeneration": (
-        "untested",
-        "Qwen3.5's layers with expert banks shared across layers and a strict loader",
+        "cpu",
+        "Qwen3.5-MoE's hybrid layers with routed-expert banks shared across layers, a strict loader; on "
+        "CPU its MoE runner kept at `auto` (`cpu/bootstrap.py`); text requests, greedy against "
+        "transformers' Qwen3.5-MoE directly, prefix cache (`test_target_classes.py`)",
     ),
     "Gemma4UnifiedForConditionalGeneration": (
         "cpu",

@@ -37,7 +37,7 @@ served by DFLASH with untrained draft "a":
   DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
   (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
   transformers' Mistral-4 class on the same weights in its own format;
-* six classes one step from a class above, checked against their oracle directly (DIRECT):
+* seven classes one step from a class above, checked against their oracle directly (DIRECT):
   TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
   (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
@@ -53,7 +53,10 @@ served by DFLASH with untrained draft "a":
   Gemma-4-Unified (`Gemma4UnifiedForConditionalGeneration`), serving text with a draft reading
   L-1: Gemma-4's text model (three sliding layers, a full one) with a tied head behind an
   encoder-free image embedder, started with --enable-multimodal false (the tiny checkpoint has no
-  processor).
+  processor); InternS2-Mobius (`InternS2MobiusForConditionalGeneration`), serving text: Qwen3.5-MoE's
+  hybrid layers (three Gated DeltaNet, one full attention) whose routed experts live in two fused
+  banks, layer i using bank i % 2 (oracle: transformers' Qwen3.5-MoE with the banks' weights
+  repeated per layer); on the CPU engine it needs the MoE-runner patch in `cpu/bootstrap.py`.
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
@@ -71,12 +74,14 @@ from __future__ import annotations
 import os
 from functools import partial
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
 
 from tests import engines
 from tests.tiny_models import (
+    MOBIUS_HF,
     TEXT_SHAPE_A,
     BeamReference,
     _edit_json,
@@ -84,6 +89,7 @@ from tests.tiny_models import (
     make_beam_target,
     make_cosmos3_target,
     make_family_target,
+    make_interns2_mobius_target,
     make_mistral_large_3_target,
     make_tokenizer,
     mimo_v2_transformers,
@@ -130,17 +136,24 @@ CLASSES = {
         {"attention_backend": None, "enable_multimodal": False},
         1.5,
     ),
+    "interns2_mobius": ("interns2_mobius", 0, 8.0, {"enable_multimodal": False}, 1.1),
 }
+# Environment the engines of a class start with: the hybrid targets keep their conv state in fp32,
+# as transformers does (see test_hybrid.py).
+ENV = {"interns2_mobius": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
 # Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
 # at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
 # time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
 # Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
 # Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries, Llama-4
 # Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout, Gemma-4-Unified Gemma-4's
-# text model in a multimodal wrapper.
-DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3", "gemma4_unified"}
+# text model in a multimodal wrapper, InternS2-Mobius Qwen3.5-MoE with expert banks shared by layers.
+DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3", "gemma4_unified", "interns2_mobius"}
 SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
 SLIDING |= {"gemma4_unified"}
+# Targets whose prefix cache keeps part of a shared prefix: SGLang's SWA radix cache on the
+# sliding ones, its mamba radix cache (no_buffer on CPU) on the hybrid linear-attention one.
+PARTIAL_PREFIX = SLIDING | {"interns2_mobius"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
@@ -164,6 +177,7 @@ ARCHITECTURES = {
     "mistral_large_3": "MistralLarge3ForCausalLM",
     "cosmos3": "Cosmos3ForConditionalGeneration",
     "gemma4_unified": "Gemma4UnifiedForConditionalGeneration",
+    "interns2_mobius": "InternS2MobiusForConditionalGeneration",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -284,7 +298,11 @@ def _ids(outputs) -> list:
 
 # Checkpoints not built by `make_family_target`, and the folder each needs: SGLang recognises a
 # Mistral-native checkpoint by its name.
-BUILDERS = {"beam": make_beam_target, "mistral_large_3": make_mistral_large_3_target}
+BUILDERS = {
+    "beam": make_beam_target,
+    "mistral_large_3": make_mistral_large_3_target,
+    "interns2_mobius": make_interns2_mobius_target,
+}
 FOLDERS = {"mistral_large_3": "class-Mistral-Large-3"}
 
 
@@ -315,6 +333,9 @@ def _oracle(tiny, name: str, target: str):
         return llama4_interleaved(target)
     if name == "mistral_large_3":  # transformers' Mistral-4 on the same weights in its format
         return mistral_large_3_transformers(target)
+    if name == "interns2_mobius":  # transformers' Qwen3.5-MoE on the same weights, banks repeated
+        model = transformers.Qwen3_5MoeForConditionalGeneration
+        return model.from_pretrained(os.path.join(target, MOBIUS_HF), dtype=torch.float32).eval()
     source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
     cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
     return cls.from_pretrained(source, dtype=torch.float32).eval()
@@ -350,8 +371,10 @@ def served(request, tiny):
     if name in DIRECT:  # the oracle's ids in the shape `_serve` returns
         ids = _greedy_ids(_oracle(tiny, name, target), PROMPTS + PREFIXED)
         oracle = {1: ids[:4], 4: ids[: len(PROMPTS)], "prefixed": ids[len(PROMPTS) :]}
+    env = mock.patch.dict(os.environ, ENV.get(name, {}))
     if name not in DIRECT or request.config.getoption("--run-slow"):
-        engine = engines.start(target, **flags)
+        with env:
+            engine = engines.start(target, **flags)
         try:
             plain = _serve(engine)
         finally:
@@ -360,7 +383,8 @@ def served(request, tiny):
     if name in LAST_LAYER_DRAFT:
         ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
         draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(ids))
-    engine = engines.start(target, draft, fixed_width=True, **flags)
+    with env:
+        engine = engines.start(target, draft, fixed_width=True, **flags)
     try:
         engines.flush_cache(engine)
         dflash = _serve(engine)
@@ -405,10 +429,10 @@ def test_a_prefix_cache_round(served):
     name, _, plain, dflash, _, _ = served
     assert _ids(dflash["prefixed"]) == _reference(served, "prefixed"), name
     # The second request reuses what the engine without speculation reuses: the shared prefix, or
-    # on the sliding-window targets what SGLang's SWA radix cache keeps of it (nothing, on these
-    # prompts, for some). Without that engine (DIRECT), the shared prefix on the others.
+    # on PARTIAL_PREFIX targets what SGLang's SWA or mamba radix cache keeps of it (nothing, on
+    # these prompts, for some). Without that engine (DIRECT), the shared prefix on the others.
     cached = [o["meta_info"]["cached_tokens"] for o in dflash["prefixed"]]
     if plain is not None:
         assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
-    if name not in SLIDING:
+    if name not in PARTIAL_PREFIX:
         assert cached[1] >= len(SHARED_PREFIX) - 1

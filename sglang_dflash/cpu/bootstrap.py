@@ -185,6 +185,20 @@ def _no_triton_kernels_moe_on_cpu(module) -> None:
     module.is_triton_kernels_available = lambda: False
 
 
+def _cpu_moe_runner_for_mobius(module) -> None:
+    """InternS2-Mobius turns `--moe-runner-backend auto` into `triton_kernel`, the runner SGLang
+    validated for its 2,560-expert banks. That runner is GPU-only, and for it FusedMoE lays the
+    expert weights out transposed, which the CPU engine then fails to load (a shape error on the
+    first bank). On the CPU engine `auto` stays the CPU engine's own MoE path, as for gpt-oss."""
+    from sglang.srt.arg_groups import model_override_base as base
+
+    name = "InternS2MobiusForConditionalGeneration"
+    providers = base._MODEL_OVERRIDE_FNS.get(name, [])
+    base._MODEL_OVERRIDE_FNS[name] = [
+        f for f in providers if f is not module._interns2_mobius_baseline_overrides
+    ]
+
+
 def _absorbed_mla_on_torch_native(module) -> None:
     """MLA targets (DeepSeek-V2/V3, Kimi-K2.5, GLM-4-MoE-Lite) under torch_native, the CPU
     engine's attention without AMX. torch_native has no handler of its own, so SGLang takes
@@ -253,6 +267,7 @@ PATCHES = {
     "sglang.srt.layers.rotary_embedding.factory": _plain_rope_for_mla_on_cpu,
     "sglang.srt.models.deepseek_common.attention_backend_handler": _absorbed_mla_on_torch_native,
     "sglang.srt.arg_groups.model_overrides.gpt_oss": _no_triton_kernels_moe_on_cpu,
+    "sglang.srt.arg_groups.model_overrides.interns2_mobius": _cpu_moe_runner_for_mobius,
     "sglang.srt.layers.attention.torch_native_backend": _attention_sinks_on_cpu,
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
