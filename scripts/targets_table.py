@@ -149,14 +149,20 @@ STATUS: dict[str, tuple[str, str]] = {
     ),
     "MiMoV2ForCausalLM": ("reasoned", "`MiMoV2FlashForCausalLM` is this class with no code of its own"),
     **_rows(
-        "untested",
-        "CUDA-only in SGLang",
-        "DeepseekV32ForCausalLM GlmMoeDsaForCausalLM Glm5NextForConditionalGeneration "
-        "KimiK3ForConditionalGeneration KimiK3LinearForCausalLM MiniMaxM3SparseForConditionalGeneration "
-        "InklingForConditionalGeneration",
+        "untested", "its fp8 KV cache needs AMX on SGLang's CPU engine", "MuseSparkForConditionalGeneration"
     ),
     **_rows(
-        "untested", "its fp8 KV cache needs AMX on SGLang's CPU engine", "MuseSparkForConditionalGeneration"
+        "untested",
+        "CUDA-only in SGLang: on the CPU engine SGLang's own server-args resolution stops it, without naming "
+        "why (`model_hook.py` queries the CUDA device for its DSA sparse attention, whose indexer runs on "
+        "deep_gemm and flashmla)",
+        "DeepseekV32ForCausalLM GlmMoeDsaForCausalLM Glm5NextForConditionalGeneration",
+    ),
+    "InklingForConditionalGeneration": (
+        "untested",
+        "CUDA-only in SGLang: on the CPU engine SGLang's own server-args resolution stops it, without naming "
+        "why (it pins the extra-buffer mamba cache, which the CPU platform lacks; its attention runs on fa4 "
+        "or Triton only)",
     ),
     "Llama4ForCausalLM": (
         "cpu",

@@ -263,6 +263,10 @@ def test_refusals_follow_the_class_ancestry():
     assert cpu_engine_refusal(type("Qwen3ForCausalLM", (), {})) is None
     nemotron = type("NemotronHForCausalLM", (), {})
     assert refusal(nemotron, SimpleNamespace(), "cuda") is None  # the CPU reasons hold on CPU only
+    # A class whose SGLang text path needs CUDA: refused on the CPU engine, named.
+    k3 = type("KimiK3ForConditionalGeneration", (), {})
+    assert refusal(k3, SimpleNamespace(), "cpu").startswith("on SGLang's CPU engine: its model creates CUDA")
+    assert refusal(k3, SimpleNamespace(), "cuda") is None
     flash = type("MiMoV2FlashForCausalLM", (type("MiMoV2ForCausalLM", (), {}),), {})
     flat = SimpleNamespace(rope_scaling={"rope_type": "yarn", "factor": 2.0})
     assert refusal(flash, flat, "cuda") is None  # flat settings are what SGLang reads

@@ -26,7 +26,22 @@ SHORT_CONV = (
     "forward), which needs a GPU"
 )
 
+# Classes whose SGLang 0.5.23 text path needs CUDA and that get past SGLang's server-args checks on
+# the CPU engine, to fail in the scheduler without naming why: Kimi-K3 makes CUDA streams when its
+# model is built (`KimiK3LinearModel.__init__`), MiniMax-M3 runs its block-sparse prefill as a
+# Triton kernel after the weights load. (DeepSeek-V3.2, GLM-MoE-DSA, GLM-5-Next and Inkling stop
+# earlier, in SGLang's own server-args resolution: see the targets table.)
+KIMI_K3 = "its model creates CUDA streams when it is built, and its KDA linear attention runs on Triton only"
+CUDA_ONLY: dict[str, str] = {
+    "KimiK3ForConditionalGeneration": KIMI_K3,
+    "KimiK3LinearForCausalLM": KIMI_K3,
+    "MiniMaxM3SparseForConditionalGeneration": (
+        "its block-sparse attention and top-k indexer run on Triton kernels only (SM100's MSA otherwise)"
+    ),
+}
+
 CPU_ENGINE_CANNOT_RUN: dict[str, str] = {
+    **CUDA_ONLY,
     **dict.fromkeys(
         (
             "NemotronHForCausalLM",
