@@ -81,7 +81,6 @@ import torch
 
 from tests import engines
 from tests.tiny_models import (
-    MOBIUS_HF,
     TEXT_SHAPE_A,
     BeamReference,
     _edit_json,
@@ -93,9 +92,9 @@ from tests.tiny_models import (
     make_mistral_large_3_target,
     make_tokenizer,
     mimo_v2_transformers,
-    mistral_large_3_transformers,
     nanbeige_unrolled,
     teleflm_folded,
+    transformers_copy,
 )
 
 pytestmark = pytest.mark.sglang
@@ -149,8 +148,10 @@ ENV = {"interns2_mobius": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
 # Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout, Gemma-4-Unified Gemma-4's
 # text model in a multimodal wrapper, InternS2-Mobius Qwen3.5-MoE with expert banks shared by layers.
 DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3", "gemma4_unified", "interns2_mobius"}
-SLIDING = {"gemma4", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2", "mellum"}
-SLIDING |= {"gemma4_unified"}
+SLIDING = {
+    "gemma4", "gemma4_unified", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2",
+    "mellum",
+}  # fmt: skip
 # Targets whose prefix cache keeps part of a shared prefix: SGLang's SWA radix cache on the
 # sliding ones, its mamba radix cache (no_buffer on CPU) on the hybrid linear-attention one.
 PARTIAL_PREFIX = SLIDING | {"interns2_mobius"}
@@ -313,33 +314,35 @@ FOLDERS = {"mistral_large_3": "class-Mistral-Large-3"}
 def _target(tiny, name: str) -> str:
     family, seed, favour, _, _ = CLASSES[name]
     target = os.path.join(tiny.root, FOLDERS.get(name, f"class-{name}"))
-    if not os.path.isdir(target) and name in CONVERTERS:
+    if os.path.isdir(target):
+        return target
+    if name in CONVERTERS:
         CONVERTERS[name](target, _target(tiny, CONVERTED_FROM[name]))
-    elif not os.path.isdir(target):
+    else:
         make = BUILDERS.get(family, partial(make_family_target, family=family))
         make(target, seed=seed, favour=favour)
     return target
+
+
+# Oracles that are not transformers' own class on the target's checkpoint: name -> f(target path).
+ORACLES = {
+    "nanbeige": nanbeige_unrolled,  # no transformers class: Llama with the loops unrolled
+    "beam": BeamReference,  # no transformers class: a plain PyTorch forward
+    "mimo_v2": mimo_v2_transformers,  # the same weights under transformers' own config
+    "teleflm": teleflm_folded,  # no transformers class: Llama with the muP multipliers folded in
+    "llama4": llama4_interleaved,  # transformers' class, on the q/k rows in its own RoPE's order
+    # Transformers' class on the same weights, kept in its format beside the checkpoint.
+    "mistral_large_3": partial(transformers_copy, cls="Mistral4ForCausalLM"),
+    "interns2_mobius": partial(transformers_copy, cls="Qwen3_5MoeForConditionalGeneration"),  # banks repeated
+}
 
 
 def _oracle(tiny, name: str, target: str):
     """The reference forward of class `name`, with a greedy `generate`."""
     import transformers
 
-    if name == "nanbeige":  # no transformers class: Llama with the loops unrolled
-        return nanbeige_unrolled(target)
-    if name == "beam":  # no transformers class: a plain PyTorch forward
-        return BeamReference(target)
-    if name == "mimo_v2":  # the same weights under transformers' own config
-        return mimo_v2_transformers(target)
-    if name == "teleflm":  # no transformers class: Llama with the muP multipliers folded in
-        return teleflm_folded(target)
-    if name == "llama4":  # transformers' class, on the q/k rows in its own RoPE's order
-        return llama4_interleaved(target)
-    if name == "mistral_large_3":  # transformers' Mistral-4 on the same weights in its format
-        return mistral_large_3_transformers(target)
-    if name == "interns2_mobius":  # transformers' Qwen3.5-MoE on the same weights, banks repeated
-        model = transformers.Qwen3_5MoeForConditionalGeneration
-        return model.from_pretrained(os.path.join(target, MOBIUS_HF), dtype=torch.float32).eval()
+    if name in ORACLES:
+        return ORACLES[name](target)
     source = _target(tiny, CONVERTED_FROM[name]) if name in CONVERTED_FROM else target
     cls = getattr(transformers, TRANSFORMERS_CLASSES.get(name, "AutoModelForCausalLM"))
     return cls.from_pretrained(source, dtype=torch.float32).eval()

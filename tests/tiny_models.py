@@ -183,6 +183,21 @@ def llama4_interleaved(path: str):
     return model.eval()
 
 
+# Targets written in another checkpoint format keep the same weights in transformers' format in
+# this sub-folder, for their oracle (`transformers_copy`).
+TRANSFORMERS_COPY = "transformers"
+
+
+def transformers_copy(path: str, cls: str):
+    """Transformers' class `cls` on the copy of the weights kept in `path`/transformers."""
+    import transformers
+
+    model = getattr(transformers, cls).from_pretrained(
+        os.path.join(path, TRANSFORMERS_COPY), dtype=torch.float32
+    )
+    return model.eval()
+
+
 # Mistral Large 3 as published: a Mistral-native checkpoint (params.json, consolidated.safetensors)
 # that SGLang recognises by its folder's name and serves with `MistralLarge3ForCausalLM`, DeepSeek-V3's
 # MLA and MoE with softmax routing and queries scaled by position (`llama_4_scaling`).
@@ -209,15 +224,13 @@ MISTRAL_NATIVE_NAMES = {
     "mlp.down_proj": "feed_forward.w2",
     "mlp.up_proj": "feed_forward.w3",
 }
-MISTRAL_LARGE_3_HF = "transformers"  # the same weights in transformers' format, for the oracle
 
 
 def make_mistral_large_3_target(path: str, *, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny Mistral Large 3 in Mistral's native format at `path` (whose name must contain
     "mistral-large-3", as SGLang recognises the format by name), built by transformers'
     Mistral-4 class (MLA, a dense first layer, then softmax-routed experts and a shared one),
-    whose checkpoint is also kept in `path`/transformers for the oracle
-    (`mistral_large_3_transformers`)."""
+    whose checkpoint is also kept in `path`/transformers for the oracle (`transformers_copy`)."""
     import transformers
     from safetensors.torch import load_file, save_file
 
@@ -233,7 +246,7 @@ def make_mistral_large_3_target(path: str, *, seed: int = 0, favour: float = 0.0
     config = transformers.Mistral4Config(
         **mla, q_lora_rank=48, routed_scaling_factor=1.5, rope_parameters=rope
     )
-    hf = os.path.join(path, MISTRAL_LARGE_3_HF)
+    hf = os.path.join(path, TRANSFORMERS_COPY)
     _save_peaked(transformers.Mistral4ForCausalLM(config), hf, favour)
     native = {}
     for name, tensor in load_file(os.path.join(hf, "model.safetensors")).items():
@@ -264,7 +277,7 @@ def make_mistral_large_3_target(path: str, *, seed: int = 0, favour: float = 0.0
         "vocab_size": mla["vocab_size"],
         "max_position_embeddings": mla["max_position_embeddings"],
         "rope_theta": rope["rope_theta"],
-        "q_lora_rank": 48,
+        "q_lora_rank": config.q_lora_rank,
         "tied_embeddings": False,
         **{k: MLA_SHAPE[k] for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
         "moe": {
@@ -290,14 +303,6 @@ def make_mistral_large_3_target(path: str, *, seed: int = 0, favour: float = 0.0
         json.dump(params, f, indent=2)
     make_tokenizer(path)
     return path
-
-
-def mistral_large_3_transformers(path: str):
-    """Transformers' Mistral-4 class on the weights of the Mistral Large 3 target at `path`."""
-    import transformers
-
-    hf = os.path.join(path, MISTRAL_LARGE_3_HF)
-    return transformers.Mistral4ForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
 
 
 def teleflm_folded(path: str):
@@ -779,22 +784,27 @@ COSMOS3_ATTENTION = {
     "v_proj": "to_v",
     "o_proj": "to_out",
     "q_norm": "norm_q",
+    "k_norm": "norm_k",
 }
-COSMOS3_ATTENTION["k_norm"] = "norm_k"
+
+
+def _copy_all_but_weights(source: str, path: str) -> None:
+    """Copy the config, tokenizer and processor files of the checkpoint at `source` into `path`."""
+    import shutil
+
+    for name in os.listdir(source):
+        if os.path.isfile(os.path.join(source, name)) and not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(source, name), path)
 
 
 def make_cosmos3_target(path: str, source: str) -> str:
     """A tiny Cosmos 3 (`Cosmos3ForConditionalGeneration`) at `path` with the weights of the
     Qwen3-VL target at `source`, in Cosmos 3's layout, plus two tensors of its generation tower,
     which SGLang drops when it loads the checkpoint."""
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     os.makedirs(path)
-    for name in os.listdir(source):
-        if not name.endswith(".safetensors"):
-            shutil.copy(os.path.join(source, name), path)
+    _copy_all_but_weights(source, path)
     _edit_json(
         os.path.join(path, "config.json"),
         model_type="cosmos3_omni",
@@ -821,7 +831,6 @@ def make_cosmos3_target(path: str, source: str) -> str:
 # InternS2-Mobius: Qwen3.5-MoE's layers whose routed experts live in `num_blocks` banks of the
 # model, layer i using bank i % num_blocks, in fused tensors (gate rows first).
 MOBIUS_BLOCKS = 2
-MOBIUS_HF = "transformers"  # the same weights as transformers' Qwen3.5-MoE checkpoint, for the oracle
 
 
 def make_interns2_mobius_target(path: str, *, seed: int = 0, favour: float = 0.0) -> str:
@@ -829,11 +838,9 @@ def make_interns2_mobius_target(path: str, *, seed: int = 0, favour: float = 0.0
     Qwen3.5-MoE multimodal checkpoint (`make_hybrid_target`, kept in `path`/transformers for the
     oracle) whose layers i and i + 2 share their experts and router, written as Mobius's
     checkpoints are: one fused bank per block, the vision tower kept."""
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
-    hf = os.path.join(path, MOBIUS_HF)
+    hf = os.path.join(path, TRANSFORMERS_COPY)
     make_hybrid_target(hf, family="qwen3_5_moe_vl", seed=seed, favour=favour)
     with open(os.path.join(hf, "config.json")) as f:
         config = json.load(f)
@@ -841,18 +848,20 @@ def make_interns2_mobius_target(path: str, *, seed: int = 0, favour: float = 0.0
     file = os.path.join(hf, "model.safetensors")
     state = load_file(file)
     prefix = "model.language_model."
+
+    def routed(name: str) -> bool:  # a layer's router or routed expert (per-expert names)
+        return name.startswith(prefix + "layers.") and (".mlp.experts." in name or ".mlp.gate." in name)
+
     # Share the banks in the source checkpoint too: layer i's routed experts become layer
     # (i % blocks)'s. Per-expert names, as transformers saves Qwen3.5-MoE.
-    for name in list(state):
-        if name.startswith(prefix + "layers.") and (".mlp.experts." in name or ".mlp.gate." in name):
-            i, rest = name[len(prefix + "layers.") :].split(".", 1)
-            state[name] = state[f"{prefix}layers.{int(i) % MOBIUS_BLOCKS}.{rest}"].clone()
+    for name in filter(routed, list(state)):
+        i, rest = name[len(prefix + "layers.") :].split(".", 1)
+        state[name] = state[f"{prefix}layers.{int(i) % MOBIUS_BLOCKS}.{rest}"].clone()
     save_file(state, file, metadata={"format": "pt"})
     experts = text["num_experts"]
     mobius = {}
     for name, tensor in state.items():
-        is_routed = name.startswith(prefix + "layers.") and (".mlp.experts." in name or ".mlp.gate." in name)
-        if not is_routed:
+        if not routed(name):
             mobius[name] = tensor
             continue
         i = int(name[len(prefix + "layers.") :].split(".", 1)[0])
@@ -872,9 +881,7 @@ def make_interns2_mobius_target(path: str, *, seed: int = 0, favour: float = 0.0
                 [state[f"{layer}.{e}.down_proj.weight"] for e in range(experts)]
             )  # [E, H, I]
     save_file(mobius, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    for name in os.listdir(hf):
-        if not name.endswith(".safetensors"):
-            shutil.copy(os.path.join(hf, name), path)
+    _copy_all_but_weights(hf, path)
     text.update(model_type="interns2_mobius_text", num_blocks=MOBIUS_BLOCKS)
     _edit_json(
         os.path.join(path, "config.json"),
