@@ -64,7 +64,8 @@ STATUS: dict[str, tuple[str, str]] = {
     "Gemma4ForConditionalGeneration": ("reasoned", "the text model of `Gemma4ForCausalLM`; SWA pool mapping"),
     "Qwen3VLForConditionalGeneration": (
         "cpu",
-        "text requests; SGLang's capture method completed (`test_target_classes.py`)",
+        "text and image requests (M-RoPE positions, an image as a cached prefix); SGLang's capture method "
+        "completed (`test_target_classes.py`)",
     ),
     "Qwen3VLMoeForConditionalGeneration": (
         "reasoned",

@@ -5,8 +5,11 @@ served by DFLASH with untrained draft "a":
   engine serves with `torch_native` on hosts without AMX;
 * gpt-oss (`GptOssForCausalLM`): attention sinks, which SGLang's `torch_native` lacks and
   `cpu/paged_attention.py` gives it, sliding windows, MoE;
-* Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text: its SGLang class calls a capture
-  method its inner model lacks (`draft/target_features.complete_inner_capture`);
+* Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text and images: its SGLang class calls a
+  capture method its inner model lacks (`draft/target_features.complete_inner_capture`). Image
+  requests (IMAGE_CLASSES) are checked against transformers at batch 1 and 4, with an image as a
+  cached prefix, and the draft's first block over an image against the z-lab reference draft on
+  transformers' hidden states;
 * MLA targets on SGLang's MLA pool, MoE after a dense first layer: DeepSeek-V3
   (`DeepseekV3ForCausalLM`, YaRN RoPE past the prompts' length, no query LoRA) and GLM-4-MoE-Lite
   (`Glm4MoeLiteForCausalLM`, query LoRA, plain RoPE), which the CPU engine serves through two
@@ -82,6 +85,7 @@ import torch
 from tests import engines
 from tests.tiny_models import (
     TEXT_SHAPE_A,
+    VL_TOKENS,
     BeamReference,
     _edit_json,
     llama4_interleaved,
@@ -289,11 +293,48 @@ def test_interns1pro_cannot_be_built_by_sglang():
         InternS1ProTextDecoderLayer(layer_id=0, start_layer=0, config=None, quant_config=None, prefix="")
 
 
-def _serve(engine) -> dict:
+# Image requests, on the classes that serve them: token-id prompts with one placeholder (vision
+# start, image, vision end) per image, which SGLang's processor expands to the image's merged
+# patches (54 for 16x24 pixels, resized to SGLang's minimum of 3136). The text of the four
+# requests is PROMPTS' without the vision ids. Request 1 is text only, request 2 has two images,
+# and request 3 shares request 0's text and image up to the image's end: a cached prefix.
+IMAGE_CLASSES = {"qwen3_vl"}
+IMAGE_ID = VL_TOKENS["image_token_id"]
+IMAGE = [VL_TOKENS["vision_start_token_id"], IMAGE_ID, VL_TOKENS["vision_end_token_id"]]
+IMAGE_PREFIX = 5 + len(IMAGE)  # request 3's prefix shared with request 0, before expansion
+
+
+def _image_requests() -> list:
+    """[(input ids, images or None)] for the four image requests."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    a, b, c = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for h, w in [(16, 24), (24, 16), (8, 8)]
+    ]
+    text = [[t for t in p if t not in VL_TOKENS.values()] for p in PROMPTS[:4]]
+    return [
+        (text[0][:5] + IMAGE + text[0][5:], [a]),
+        (text[1], None),
+        (text[2][:3] + IMAGE + text[2][3:10] + IMAGE + text[2][10:], [b, c]),
+        (text[0][:5] + IMAGE + text[3], [a]),
+    ]
+
+
+def _serve(engine, name: str) -> dict:
     # Batch 1 over the four prompts transformers checks, batch 4 over all eight.
     out = {1: engines.generate(engine, PROMPTS[:4], GREEDY, 1)}
     out[4] = engines.generate(engine, PROMPTS, GREEDY, 4)
     out["prefixed"] = [engines.generate(engine, [p], GREEDY, 1)[0] for p in PREFIXED]
+    if name in IMAGE_CLASSES:  # one at a time, then the four together
+        requests = _image_requests()
+        one = [engine.generate(input_ids=i, image_data=m, sampling_params=GREEDY) for i, m in requests]
+        together = engine.generate(
+            input_ids=[i for i, _ in requests], image_data=[m for _, m in requests], sampling_params=GREEDY
+        )
+        out["images"] = {1: one, 4: together}
     return out
 
 
@@ -348,15 +389,22 @@ def _oracle(tiny, name: str, target: str):
     return cls.from_pretrained(source, dtype=torch.float32).eval()
 
 
-def _greedy_ids(model, prompts) -> list:
+def _greedy(model, ids: torch.Tensor, **inputs) -> list:
+    """The oracle's greedy ids after prompt `ids` [1, T]; `inputs` are its other model inputs."""
     with torch.no_grad():
-        return [
-            model.generate(
-                torch.tensor([prompt]), max_new_tokens=GREEDY["max_new_tokens"], do_sample=False,
-                eos_token_id=None, pad_token_id=0,
-            )[0, len(prompt) :].tolist()
-            for prompt in prompts
-        ]  # fmt: skip
+        out = model.generate(
+            ids,
+            **inputs,
+            max_new_tokens=GREEDY["max_new_tokens"],
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def _greedy_ids(model, prompts) -> list:
+    return [_greedy(model, torch.tensor([prompt])) for prompt in prompts]
 
 
 # Run with --run-slow only (suite time): the text-only Muse Glimmer class, whose SGLang subclass
@@ -383,21 +431,29 @@ def served(request, tiny):
         with env:
             engine = engines.start(target, **flags)
         try:
-            plain = _serve(engine)
+            plain = _serve(engine, name)
         finally:
             engines.shutdown(engine)
     draft = tiny.draft("a")
     if name in LAST_LAYER_DRAFT:
         ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
         draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(ids))
+    # The draft's proposals per step, for the image requests' check against the reference draft.
+    trace = os.path.join(tiny.root, f"proposals-{name}.jsonl")
+    if name in IMAGE_CLASSES:
+        if os.path.exists(trace):  # the worker appends
+            os.remove(trace)
+        env = mock.patch.dict(os.environ, {**ENV.get(name, {}), "SGLANG_DFLASH_TRACE_PROPOSALS": trace})
     with env:
         engine = engines.start(target, draft, fixed_width=True, **flags)
     try:
         engines.flush_cache(engine)
-        dflash = _serve(engine)
+        dflash = _serve(engine, name)
         state = engines.server_state(engine)
     finally:
         engines.shutdown(engine)
+    if name in IMAGE_CLASSES:
+        dflash["proposals"] = engines.proposal_steps(trace)
     return name, target, plain, dflash, state, oracle
 
 
@@ -443,3 +499,65 @@ def test_a_prefix_cache_round(served):
         assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
     if name not in PARTIAL_PREFIX:
         assert cached[1] >= len(SHARED_PREFIX) - 1
+
+
+def _with_pixels(target: str, ids: list, images) -> tuple:
+    """Transformers' inputs for an image request: (input ids [1, T] with each image placeholder
+    expanded to its merged patches, generate's image kwargs), from the checkpoint's processor."""
+    import transformers
+
+    if images is None:
+        return torch.tensor([ids]), {}
+    processor = transformers.AutoProcessor.from_pretrained(target).image_processor
+    pixels = processor(images=images, return_tensors="pt")
+    merged = (pixels["image_grid_thw"].prod(-1) // processor.merge_size**2).tolist()  # tokens per image
+    expanded = []
+    for t in ids:
+        expanded += [t] * (merged.pop(0) if t == IMAGE_ID else 1)
+    expanded = torch.tensor([expanded])
+    mm_types = (expanded == IMAGE_ID).int()  # M-RoPE's text (0) and image (1) runs
+    return expanded, dict(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                          mm_token_type_ids=mm_types)  # fmt: skip
+
+
+def test_image_requests(served, tiny):
+    """Qwen3-VL's image requests: the engine without speculation and DFLASH, one at a time and four
+    together, equal transformers' greedy ids; the repeated image is a cached prefix in both; and
+    DFLASH's draft proposes over the image what the reference draft proposes over transformers'
+    hidden states (a wrong context of image features would lower acceptance, not change ids)."""
+    name, target, plain, dflash, _, _ = served
+    if name not in IMAGE_CLASSES:
+        pytest.skip(f"{name}: text requests only")
+    reference = pytest.importorskip(
+        "dflash.model", reason="the z-lab reference: pip install --no-deps dflash"
+    )
+    model = _oracle(tiny, name, target)
+    inputs = [_with_pixels(target, ids, images) for ids, images in _image_requests()]
+    want = [_greedy(model, ids, **kw) for ids, kw in inputs]
+    for engine, out in (("plain", plain), ("dflash", dflash)):
+        for batch_size in (1, 4):
+            got = _ids(out["images"][batch_size])
+            assert got == want, (
+                f"{engine} at batch {batch_size}: requests {[i for i in range(4) if got[i] != want[i]]}"
+            )
+    # Request 3 reuses request 0's text and image (the expanded image's tokens too).
+    cached = [o["meta_info"]["cached_tokens"] for o in dflash["images"][1]]
+    assert cached == [o["meta_info"]["cached_tokens"] for o in plain["images"][1]]
+    expanded_prefix = IMAGE_PREFIX - 1 + int(inputs[0][1]["mm_token_type_ids"].sum())
+    assert cached[3] >= expanded_prefix, cached
+
+    # The draft's first block after request 0's prefill, against the reference draft.
+    draft = reference.DFlashDraftModel.from_pretrained(tiny.draft("a"), dtype=torch.float32).eval()
+    ids, kw = inputs[0]
+    first = dflash["images"][1][0]
+    block = torch.tensor([[first["output_ids"][0]] + [draft.mask_token_id] * (draft.block_size - 1)])
+    with torch.no_grad():
+        states = model(ids, **kw, output_hidden_states=True).hidden_states
+        hidden = draft(
+            position_ids=torch.arange(ids.shape[1] + draft.block_size)[None],
+            noise_embedding=model.get_input_embeddings()(block),
+            target_hidden=reference.extract_context_feature(states, draft.target_layer_ids),
+        )
+        proposals = model.lm_head(hidden)[0, 1:].argmax(-1).tolist()
+    steps = dict(dflash["proposals"][first["meta_info"]["id"]])
+    assert steps[ids.shape[1]] == proposals
