@@ -127,18 +127,18 @@ STATUS: dict[str, tuple[str, str]] = {
         "cpu",
         "a `Qwen3VLForConditionalGeneration` subclass (its capture completed the same way) whose weights "
         "load from `transformer/` and `vision_encoder/` folders in Cosmos 3's names; text requests, "
-        "greedy against transformers' Qwen3-VL directly, prefix cache (`test_target_classes.py`)",
+        "greedy (the plain engine against transformers' Qwen3-VL), prefix cache (`test_target_classes.py`)",
     ),
     "InternS2MobiusForConditionalGeneration": (
         "cpu",
         "Qwen3.5-MoE's hybrid layers with routed-expert banks shared across layers, a strict loader; on "
-        "CPU its MoE runner kept at `auto` (`cpu/bootstrap.py`); text requests, greedy against "
-        "transformers' Qwen3.5-MoE directly, prefix cache (`test_target_classes.py`)",
+        "CPU its MoE runner kept at `auto` (`cpu/bootstrap.py`); text requests, greedy (the plain "
+        "engine against transformers' Qwen3.5-MoE), prefix cache (`test_target_classes.py`)",
     ),
     "Gemma4UnifiedForConditionalGeneration": (
         "cpu",
         "`Gemma4TextModel` (as `Gemma4ForCausalLM`) behind an encoder-free image embedder, tied head; text "
-        "requests with a draft reading L-1, greedy against transformers' class directly, prefix cache "
+        "requests with a draft reading L-1, greedy, prefix cache "
         "(`test_target_classes.py`)",
     ),
     "MiMoV2FlashForCausalLM": (
@@ -170,19 +170,19 @@ STATUS: dict[str, tuple[str, str]] = {
         "dense layers only (Llama's loader reads no fused experts; SGLang loads them in the multimodal "
         "wrapper, `mllama4.py`), NoPE layers with position-scaled queries, NeoX RoPE: a checkpoint's q/k "
         "rows in NeoX order, where transformers' Llama-4 rotates interleaved pairs; on CPU its RoPE made "
-        "to write in place (`cpu/bootstrap.py`); greedy against transformers directly, prefix cache "
+        "to write in place (`cpu/bootstrap.py`); greedy, prefix cache "
         "(`test_target_classes.py`)",
     ),
     "MellumForCausalLM": (
         "cpu",
-        "a `Qwen3MoeForCausalLM` subclass: SWA pool, RoPE per layer type, dense then MoE layers; greedy "
-        "against transformers directly, prefix cache (`test_target_classes.py`)",
+        "a `Qwen3MoeForCausalLM` subclass: SWA pool, RoPE per layer type, dense then MoE layers; greedy, "
+        "prefix cache (`test_target_classes.py`)",
     ),
     "Ministral3ForCausalLM": (
         "cpu",
         "a `LlamaForCausalLM` subclass: queries scaled by position (`llama_4_scaling_beta`, with the period "
-        "SGLang reads from the flat `original_max_position_embeddings`), YaRN; greedy against transformers "
-        "directly, prefix cache (`test_target_classes.py`)",
+        "SGLang reads from the flat `original_max_position_embeddings`), YaRN; greedy, "
+        "prefix cache (`test_target_classes.py`)",
     ),
     "MistralLarge3ForCausalLM": (
         "cpu",

@@ -40,9 +40,9 @@ served by DFLASH with untrained draft "a":
   DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
   (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
   transformers' Mistral-4 class on the same weights in its own format;
-* seven classes one step from a class above, checked against their oracle directly (DIRECT):
-  TeleFLM (`TeleFLMForCausalLM`), Llama with muP multipliers on the embeddings and the logits
-  (oracle: Llama with them folded in, `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
+* seven classes one step from a class above: TeleFLM (`TeleFLMForCausalLM`), Llama with muP
+  multipliers on the embeddings and the logits (oracle: Llama with them folded in,
+  `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
   (`Ministral3ForCausalLM`), Llama with YaRN and queries scaled by position past a period of 16;
   Llama-4 (`Llama4ForCausalLM`), dense layers (SGLang's class alone loads no experts), every
@@ -66,8 +66,7 @@ PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, a
 checkpoint written by hand); DFLASH (on Gemma-4, Gemma-4-Unified, gpt-oss, Laguna and MiMo-V2
 with a draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
-prefix-cache round. One plain engine and one DFLASH engine per class, one at a time; on the DIRECT
-classes DFLASH's ids are compared with the oracle's and the plain engine runs with --run-slow. Gemma-4 and
+prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
 gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
 torch_native without AMX).
 """
@@ -144,14 +143,6 @@ CLASSES = {
 # Environment the engines of a class start with: the hybrid targets keep their conv state in fp32,
 # as transformers does (see test_hybrid.py).
 ENV = {"interns2_mobius": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
-# Classes whose DFLASH engine is checked against their oracle directly: token-identical to it
-# at batch 1 and 4 and after a cached prefix, one engine start per class instead of two (suite
-# time). The engine without speculation, and its comparison with the oracle, run with --run-slow.
-# Each is a small step from a class checked in full above: TeleFLM is Llama with muP multipliers,
-# Mellum Qwen3-MoE with sliding layers, Ministral 3 Llama with position-scaled queries, Llama-4
-# Llama with NoPE layers, Cosmos 3 Qwen3-VL's weights in another layout, Gemma-4-Unified Gemma-4's
-# text model in a multimodal wrapper, InternS2-Mobius Qwen3.5-MoE with expert banks shared by layers.
-DIRECT = {"teleflm", "mellum", "ministral3", "llama4", "cosmos3", "gemma4_unified", "interns2_mobius"}
 SLIDING = {
     "gemma4", "gemma4_unified", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2",
     "mellum",
@@ -416,24 +407,17 @@ SLOW = {"muse_glimmer_lm"}
     scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CLASSES]
 )
 def served(request, tiny):
-    """(name, target path, plain outputs, DFLASH outputs, DFLASH server state, oracle ids), one
-    class at a time. The plain outputs are None, and the oracle ids stand in for them, on the
-    DIRECT classes without --run-slow; the oracle ids are None on the others."""
+    """(name, target path, plain outputs, DFLASH outputs, DFLASH server state), one class at a time."""
     name = request.param
     flags = CLASSES[name][3]
     target = _target(tiny, name)
-    plain = oracle = None
-    if name in DIRECT:  # the oracle's ids in the shape `_serve` returns
-        ids = _greedy_ids(_oracle(tiny, name, target), PROMPTS + PREFIXED)
-        oracle = {1: ids[:4], 4: ids[: len(PROMPTS)], "prefixed": ids[len(PROMPTS) :]}
     env = mock.patch.dict(os.environ, ENV.get(name, {}))
-    if name not in DIRECT or request.config.getoption("--run-slow"):
-        with env:
-            engine = engines.start(target, **flags)
-        try:
-            plain = _serve(engine, name)
-        finally:
-            engines.shutdown(engine)
+    with env:
+        engine = engines.start(target, **flags)
+    try:
+        plain = _serve(engine, name)
+    finally:
+        engines.shutdown(engine)
     draft = tiny.draft("a")
     if name in LAST_LAYER_DRAFT:
         ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
@@ -454,32 +438,23 @@ def served(request, tiny):
         engines.shutdown(engine)
     if name in IMAGE_CLASSES:
         dflash["proposals"] = engines.proposal_steps(trace)
-    return name, target, plain, dflash, state, oracle
-
-
-def _reference(served, key) -> list:
-    """What DFLASH's ids must equal: the plain engine's, or on a DIRECT class the oracle's."""
-    _, _, plain, _, _, oracle = served
-    return _ids(plain[key]) if plain is not None else oracle[key]
+    return name, target, plain, dflash, state
 
 
 def test_the_plain_engine_matches_transformers(served, tiny):
     from sglang.srt.utils.hf_transformers.config import get_config
 
-    name, target, plain, _, _, oracle = served
+    name, target, plain, _, _ = served
     assert get_config(target, trust_remote_code=True).architectures == [ARCHITECTURES[name]]
-    if plain is None:
-        pytest.skip(f"{name}: DFLASH is checked against the oracle; the plain engine runs with --run-slow")
-    want = oracle[1] if oracle is not None else _greedy_ids(_oracle(tiny, name, target), PROMPTS[:4])
-    for i, ids in enumerate(want):
+    for i, ids in enumerate(_greedy_ids(_oracle(tiny, name, target), PROMPTS[:4])):
         assert ids == plain[1][i]["output_ids"], f"{name}: prompt {i}"
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
-    name, _, _, dflash, state, _ = served
+    name, _, plain, dflash, state = served
     assert state["dflash_implementation"].startswith("sglang-dflash")
-    got, want = _ids(dflash[batch_size]), _reference(served, batch_size)
+    got, want = _ids(dflash[batch_size]), _ids(plain[batch_size])
     mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     assert not mismatches, f"{name}: prompts {mismatches} differ"
     if batch_size == 4:  # the acceptance over all eight prompts
@@ -489,14 +464,13 @@ def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
 
 
 def test_a_prefix_cache_round(served):
-    name, _, plain, dflash, _, _ = served
-    assert _ids(dflash["prefixed"]) == _reference(served, "prefixed"), name
+    name, _, plain, dflash, _ = served
+    assert _ids(dflash["prefixed"]) == _ids(plain["prefixed"]), name
     # The second request reuses what the engine without speculation reuses: the shared prefix, or
     # on PARTIAL_PREFIX targets what SGLang's SWA or mamba radix cache keeps of it (nothing, on
-    # these prompts, for some). Without that engine (DIRECT), the shared prefix on the others.
+    # these prompts, for some).
     cached = [o["meta_info"]["cached_tokens"] for o in dflash["prefixed"]]
-    if plain is not None:
-        assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
+    assert cached == [o["meta_info"]["cached_tokens"] for o in plain["prefixed"]], name
     if name not in PARTIAL_PREFIX:
         assert cached[1] >= len(SHARED_PREFIX) - 1
 
@@ -520,14 +494,13 @@ def _with_pixels(target: str, ids: list, images) -> tuple:
                           mm_token_type_ids=mm_types)  # fmt: skip
 
 
+@pytest.mark.parametrize("served", sorted(IMAGE_CLASSES), indirect=True)
 def test_image_requests(served, tiny):
     """Qwen3-VL's image requests: the engine without speculation and DFLASH, one at a time and four
     together, equal transformers' greedy ids; the repeated image is a cached prefix in both; and
     DFLASH's draft proposes over the image what the reference draft proposes over transformers'
     hidden states (a wrong context of image features would lower acceptance, not change ids)."""
-    name, target, plain, dflash, _, _ = served
-    if name not in IMAGE_CLASSES:
-        pytest.skip(f"{name}: text requests only")
+    name, target, plain, dflash, _ = served
     reference = pytest.importorskip(
         "dflash.model", reason="the z-lab reference: pip install --no-deps dflash"
     )
