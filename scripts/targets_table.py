@@ -61,15 +61,20 @@ STATUS: dict[str, tuple[str, str]] = {
         "sinks (`cpu/paged_attention.py`), SWA pool, MoE; greedy, prefix cache (`test_target_classes.py`)",
     ),
     "Gemma4ForCausalLM": ("cpu", "SWA pool; greedy, prefix cache (`test_target_classes.py`)"),
-    "Gemma4ForConditionalGeneration": ("reasoned", "the text model of `Gemma4ForCausalLM`; SWA pool mapping"),
+    "Gemma4ForConditionalGeneration": (
+        "cpu",
+        "`Gemma4ForCausalLM`'s text model behind a vision tower, tied head; text requests with a draft "
+        "reading L-1, greedy, prefix cache (`test_target_classes.py`)",
+    ),
     "Qwen3VLForConditionalGeneration": (
         "cpu",
         "text and image requests (M-RoPE positions, an image as a cached prefix); SGLang's capture method "
         "completed (`test_target_classes.py`)",
     ),
     "Qwen3VLMoeForConditionalGeneration": (
-        "reasoned",
-        "a subclass of `Qwen3VLForConditionalGeneration`: the same capture fix applies",
+        "cpu",
+        "a subclass of `Qwen3VLForConditionalGeneration` (the same capture fix) with Qwen3-MoE's layers, "
+        "fused expert tensors as published; text and image requests (`test_target_classes.py`)",
     ),
     **_rows(
         "reasoned",
@@ -88,8 +93,10 @@ STATUS: dict[str, tuple[str, str]] = {
     ),
     "DeepseekV2ForCausalLM": ("reasoned", "`DeepseekV3ForCausalLM` is this class with no code of its own"),
     "KimiK25ForConditionalGeneration": (
-        "reasoned",
-        "captures through its text model, SGLang's `DeepseekV3ForCausalLM`; the vision wrapper not run",
+        "cpu",
+        "captures through its text model, SGLang's `DeepseekV3ForCausalLM` (MLA pool); text requests, the "
+        "weights under `language_model.`, greedy (the plain engine against transformers' DeepSeek-V3), "
+        "prefix cache (`test_target_classes.py`)",
     ),
     "NanbeigeForCausalLM": (
         "cpu",

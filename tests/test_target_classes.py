@@ -40,7 +40,7 @@ served by DFLASH with untrained draft "a":
   DeepSeek-V3's MLA with softmax-routed MoE, YaRN and queries scaled by position
   (`llama_4_scaling`), served in bf16 (SGLang overrides --dtype for the class). The oracle is
   transformers' Mistral-4 class on the same weights in its own format;
-* seven classes one step from a class above: TeleFLM (`TeleFLMForCausalLM`), Llama with muP
+* ten classes one step from a class above: TeleFLM (`TeleFLMForCausalLM`), Llama with muP
   multipliers on the embeddings and the logits (oracle: Llama with them folded in,
   `teleflm_folded`); Mellum (`MellumForCausalLM`), Qwen3-MoE's
   layers with sliding and full attention, a RoPE theta each, a dense layer then MoE; Ministral 3
@@ -59,12 +59,18 @@ served by DFLASH with untrained draft "a":
   processor); InternS2-Mobius (`InternS2MobiusForConditionalGeneration`), serving text: Qwen3.5-MoE's
   hybrid layers (three Gated DeltaNet, one full attention) whose routed experts live in two fused
   banks, layer i using bank i % 2 (oracle: transformers' Qwen3.5-MoE with the banks' weights
-  repeated per layer); on the CPU engine it needs the MoE-runner patch in `cpu/bootstrap.py`.
+  repeated per layer); on the CPU engine it needs the MoE-runner patch in `cpu/bootstrap.py`;
+  Gemma-4's multimodal class (`Gemma4ForConditionalGeneration`), serving text with a draft reading
+  L-1, Gemma-4's text model behind a one-layer vision tower; Qwen3-VL-MoE
+  (`Qwen3VLMoeForConditionalGeneration`), text and images, Qwen3-MoE's layers with the fused
+  expert tensors in the published layout SGLang reads (`_transpose_fused_experts`); Kimi-K2.5
+  (`KimiK25ForConditionalGeneration`), serving text: DeepSeek-V3's weights under
+  `language_model.` beside a vision config (oracle: transformers' DeepSeek-V3 on the source).
 
 For each: the engine without speculation against Hugging Face transformers' greedy ids, or the
 PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, and for a
-checkpoint written by hand); DFLASH (on Gemma-4, Gemma-4-Unified, gpt-oss, Laguna and MiMo-V2
-with a draft reading the last layer) against that engine, greedy
+checkpoint written by hand); DFLASH (on the Gemma-4 classes, gpt-oss, Laguna and MiMo-V2 with a
+draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
 prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
 gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
@@ -92,6 +98,7 @@ from tests.tiny_models import (
     make_cosmos3_target,
     make_family_target,
     make_interns2_mobius_target,
+    make_kimi_k25_target,
     make_mistral_large_3_target,
     make_tokenizer,
     mimo_v2_transformers,
@@ -139,13 +146,17 @@ CLASSES = {
         1.5,
     ),
     "interns2_mobius": ("interns2_mobius", 0, 8.0, {"enable_multimodal": False}, 1.1),
+    "qwen3_vl_moe": ("qwen3_vl_moe", 2, 2.5, {}, 2.0),
+    # DeepSeek-V3's weights (CONVERTED_FROM), seed and favour; no vision weights: text only.
+    "kimi_k25": ("deepseek_v3", 0, 3.0, {"enable_multimodal": False}, 1.5),
+    "gemma4_mm": ("gemma4_mm", 0, 2.2, {"attention_backend": None, "enable_multimodal": False}, 1.2),
 }
 # Environment the engines of a class start with: the hybrid targets keep their conv state in fp32,
 # as transformers does (see test_hybrid.py).
 ENV = {"interns2_mobius": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
 SLIDING = {
-    "gemma4", "gemma4_unified", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam", "mimo_v2",
-    "mellum",
+    "gemma4", "gemma4_mm", "gemma4_unified", "gpt_oss", "laguna", "muse_glimmer", "muse_glimmer_lm", "beam",
+    "mimo_v2", "mellum",
 }  # fmt: skip
 # Targets whose prefix cache keeps part of a shared prefix: SGLang's SWA radix cache on the
 # sliding ones, its mamba radix cache (no_buffer on CPU) on the hybrid linear-attention one.
@@ -153,7 +164,7 @@ PARTIAL_PREFIX = SLIDING | {"interns2_mobius"}
 # Classes whose SGLang model captures after its layer loop: their DFLASH engines serve draft "a"
 # reading the last layer, id L-1 = 3 (MiMo's published drafts end there), which SGLang maps to
 # that capture. Draft "a" reads layer 2 on the others.
-LAST_LAYER_DRAFT = {"gemma4", "gemma4_unified", "gpt_oss", "laguna", "mimo_v2"}
+LAST_LAYER_DRAFT = {"gemma4", "gemma4_mm", "gemma4_unified", "gpt_oss", "laguna", "mimo_v2"}
 ARCHITECTURES = {
     "gemma4": "Gemma4ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -174,6 +185,9 @@ ARCHITECTURES = {
     "cosmos3": "Cosmos3ForConditionalGeneration",
     "gemma4_unified": "Gemma4UnifiedForConditionalGeneration",
     "interns2_mobius": "InternS2MobiusForConditionalGeneration",
+    "gemma4_mm": "Gemma4ForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+    "kimi_k25": "KimiK25ForConditionalGeneration",
 }
 # The transformers class of each oracle where AutoModelForCausalLM does not load it, and the class
 # whose transformers checkpoint a converted one was made from (the same weights).
@@ -183,10 +197,12 @@ TRANSFORMERS_CLASSES = {
     "muse_glimmer_lm": "MuseGlimmerForConditionalGeneration",
     "cosmos3": "Qwen3VLForConditionalGeneration",
     "gemma4_unified": "Gemma4UnifiedForConditionalGeneration",
+    "gemma4_mm": "Gemma4ForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
-CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer", "cosmos3": "qwen3_vl"}
+CONVERTED_FROM = {"muse_glimmer_lm": "muse_glimmer", "cosmos3": "qwen3_vl", "kimi_k25": "deepseek_v3"}
 # Checkpoints written from their CONVERTED_FROM checkpoint: name -> f(path, source path).
-CONVERTERS = {"cosmos3": make_cosmos3_target}
+CONVERTERS = {"cosmos3": make_cosmos3_target, "kimi_k25": make_kimi_k25_target}
 
 
 def test_torch_native_runs_mla_in_its_absorbed_form():
@@ -289,7 +305,7 @@ def test_interns1pro_cannot_be_built_by_sglang():
 # patches (54 for 16x24 pixels, resized to SGLang's minimum of 3136). The text of the four
 # requests is PROMPTS' without the vision ids. Request 1 is text only, request 2 has two images,
 # and request 3 shares request 0's text and image up to the image's end: a cached prefix.
-IMAGE_CLASSES = {"qwen3_vl"}
+IMAGE_CLASSES = {"qwen3_vl", "qwen3_vl_moe"}
 IMAGE_ID = VL_TOKENS["image_token_id"]
 IMAGE = [VL_TOKENS["vision_start_token_id"], IMAGE_ID, VL_TOKENS["vision_end_token_id"]]
 IMAGE_PREFIX = 5 + len(IMAGE)  # request 3's prefix shared with request 0, before expansion

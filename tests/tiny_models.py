@@ -167,6 +167,22 @@ def _permute_llama4_qk(path: str, *, to_neox: bool) -> None:
     save_file(state, file, metadata={"format": "pt"})
 
 
+def _transpose_fused_experts(path: str) -> None:
+    """Write the fused expert tensors of the Qwen3-VL-MoE checkpoint at `path` as published:
+    gate_up_proj [E, H, 2I] and down_proj [E, I, H], which SGLang's loader reads (it transposes
+    them). Transformers saves its own layout, [E, 2I, H] and [E, H, I], and reads either, by shape:
+    so 2I must differ from H."""
+    from safetensors.torch import load_file, save_file
+
+    file = os.path.join(path, "model.safetensors")
+    state = load_file(file)
+    for name, weight in state.items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            assert weight.shape[1] != weight.shape[2], name
+            state[name] = weight.transpose(1, 2).contiguous()
+    save_file(state, file, metadata={"format": "pt"})
+
+
 def llama4_interleaved(path: str):
     """Transformers' Llama-4 on the target at `path` with its q/k rows put back in transformers'
     order: the reference for SGLang's `Llama4ForCausalLM` on that checkpoint."""
@@ -353,6 +369,26 @@ def nanbeige_unrolled(path: str):
     return model.float().eval()
 
 
+# Gemma-4's multimodal configs' end-of-image and end-of-audio ids: their defaults lie past the tiny
+# vocab, and SGLang masks them out of the logits.
+GEMMA4_NO_SPECIAL_TOKENS = {"eoi_token_id": None, "eoa_token_index": None}
+
+
+def _gemma4_text(common: dict) -> dict:
+    """Gemma-4's text config at target "a"'s shape: three sliding-window layers of window 8, then a
+    full one with its own RoPE theta, one head_dim for every layer, no per-layer inputs."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return dict(
+        common,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        sliding_window=8,
+        per_layer_config={},  # one head_dim for every layer
+        hidden_size_per_layer_input=0,  # written out: SGLang's text config defaults to 256
+        vocab_size_per_layer_input=TEXT_SHAPE_A["vocab_size"],
+        rope_parameters={"sliding_attention": rope, "full_attention": dict(rope, rope_theta=1e6)},
+    )
+
+
 def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "qwen3_moe", "gemma4" (Gemma4ForCausalLM: three
@@ -411,30 +447,26 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         )
         model = transformers.Qwen3MoeForCausalLM(config)
     elif family == "gemma4":
-        rope = {"rope_type": "default", "rope_theta": 10000.0}
-        config = transformers.Gemma4TextConfig(
-            **common,
-            layer_types=["sliding_attention"] * 3 + ["full_attention"],
-            sliding_window=8,
-            per_layer_config={},  # one head_dim for every layer
-            hidden_size_per_layer_input=0,
-            vocab_size_per_layer_input=TEXT_SHAPE_A["vocab_size"],
-            rope_parameters={"sliding_attention": rope, "full_attention": dict(rope, rope_theta=1e6)},
-        )
+        config = transformers.Gemma4TextConfig(**_gemma4_text(common))
         model = transformers.Gemma4ForCausalLM(config)
         extra = {"swa_num_key_value_heads": TEXT_SHAPE_A["num_key_value_heads"]}  # SGLang's SWA pool reads it
-    elif family == "gemma4_unified":  # Gemma-4's text model behind an encoder-free image embedder
-        rope = {"rope_type": "default", "rope_theta": 10000.0}
-        text = dict(
-            common,
-            tie_word_embeddings=True,  # as released: SGLang's class reads its head from the embedding
-            layer_types=["sliding_attention"] * 3 + ["full_attention"],
-            sliding_window=8,
-            per_layer_config={},
-            hidden_size_per_layer_input=0,  # written out: SGLang's text config defaults to 256
-            vocab_size_per_layer_input=TEXT_SHAPE_A["vocab_size"],
-            rope_parameters={"sliding_attention": rope, "full_attention": dict(rope, rope_theta=1e6)},
+    elif family == "gemma4_mm":  # Gemma-4's text model in its multimodal class, a one-layer vision tower
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=1,
+            position_embedding_size=64,
+        )  # fmt: skip
+        config = transformers.Gemma4Config(
+            text_config=dict(_gemma4_text(common), tie_word_embeddings=True),
+            vision_config=vision,
+            audio_config=None,
+            **GEMMA4_NO_SPECIAL_TOKENS,
+            tie_word_embeddings=True,
         )
+        model = transformers.Gemma4ForConditionalGeneration(config)
+    elif family == "gemma4_unified":  # Gemma-4's text model behind an encoder-free image embedder
+        # Tied, as released: SGLang's class reads its head from the embedding.
+        text = dict(_gemma4_text(common), tie_word_embeddings=True)
         vision = dict(
             patch_size=4, pooling_kernel_size=1, mm_embed_dim=64, mm_posemb_size=16, output_proj_dims=64
         )
@@ -442,8 +474,7 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             text_config=text,
             vision_config=vision,
             audio_config=None,
-            eoi_token_id=None,  # the defaults lie past the tiny vocab; SGLang masks them out of the logits
-            eoa_token_index=None,
+            **GEMMA4_NO_SPECIAL_TOKENS,
             tie_word_embeddings=True,
         )
         model = transformers.Gemma4UnifiedForConditionalGeneration(config)
@@ -469,6 +500,19 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
             **VL_TOKENS,
         )
         model = transformers.Qwen3VLForConditionalGeneration(config)
+    elif family == "qwen3_vl_moe":  # the same wrapper around Qwen3-MoE's layers
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        text = dict(
+            common,
+            rope_parameters=dict(rope, mrope_interleaved=True),
+            moe_intermediate_size=16,  # fused expert tensors that are not square (see below)
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+        config = transformers.Qwen3VLMoeConfig(
+            text_config=text, vision_config=dict(VL_VISION, deepstack_visual_indexes=[]), **VL_TOKENS
+        )
+        model = transformers.Qwen3VLMoeForConditionalGeneration(config)
     elif family == "laguna":  # sliding and full layers alternating, window 8, gated attention, MoE
         rope = {"rope_type": "default", "rope_theta": 10000.0}
         config = transformers.LagunaConfig(
@@ -548,7 +592,7 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         else []
     )
     _save_peaked(model, path, favour, rows_like_0=placeholders)
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen3_vl_moe"):
         _save_vl_processor(path)
     if family == "muse_glimmer":  # the image processor's settings SGLang reads at start-up
         with open(os.path.join(path, "processor_config.json"), "w") as f:
@@ -559,6 +603,8 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         _as_mimo_v2_published(path)
     if family == "llama4":
         _permute_llama4_qk(path, to_neox=True)
+    if family == "qwen3_vl_moe":
+        _transpose_fused_experts(path)
     if extra:
         _edit_json(os.path.join(path, "config.json"), **extra)
     return path
@@ -825,6 +871,46 @@ def make_cosmos3_target(path: str, source: str) -> str:
     for folder, tensors in (("transformer", text), ("vision_encoder", vision)):
         os.makedirs(os.path.join(path, folder))
         save_file(tensors, os.path.join(path, folder, "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+# Kimi-K2.5's vision tower and projector fields (SGLang's `KimiK25VisionConfig`), at a tiny size.
+KIMI_K25_VISION = dict(
+    patch_size=4, init_pos_emb_height=4, init_pos_emb_width=4, num_attention_heads=2, num_hidden_layers=1,
+    hidden_size=32, vt_hidden_size=32, intermediate_size=64, mm_hidden_size=32,
+    text_hidden_size=TEXT_SHAPE_A["hidden_size"],
+)  # fmt: skip
+
+
+def make_kimi_k25_target(path: str, source: str) -> str:
+    """A tiny Kimi-K2.5 (`KimiK25ForConditionalGeneration`) at `path` around the DeepSeek-V3 target
+    at `source`: its config as `text_config` beside a vision config, its weights under
+    `language_model.`, as Kimi-K2.5's checkpoints name them. The checkpoint has no vision weights,
+    so it serves text requests only (--enable-multimodal false)."""
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(path)
+    _copy_all_but_weights(source, path)
+    file = os.path.join(path, "config.json")
+    with open(file) as f:
+        text = json.load(f)
+    with open(file, "w") as f:
+        json.dump(
+            {
+                "model_type": "kimi_k25",
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "text_config": text,
+                "vision_config": KIMI_K25_VISION,
+                "media_placeholder_token_id": VL_TOKENS["image_token_id"],
+                "pad_token_id": text["pad_token_id"],
+                "torch_dtype": "float32",
+            },
+            f,
+            indent=2,
+        )
+    weights = load_file(os.path.join(source, "model.safetensors"))
+    weights = {f"language_model.{name}": tensor for name, tensor in weights.items()}
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     return path
 
 
