@@ -1,6 +1,7 @@
 """Build the embedded tiny target/draft pair (`sglang_dflash/assets/tiny_pair/`), reproducibly.
 
     python scripts/build_tiny_pair.py [--out DIR] [--work DIR] [--threads 2]
+    python scripts/build_tiny_pair.py --dflash2    # only draft-dflash2/, for the shipped target
 
 Everything runs on the CPU, from files present on every Python 3.11 install, with fixed seeds.
 
@@ -30,6 +31,10 @@ Steps (each prints its progress and wall-clock time)
                   continuations (`--regenerate greedy`) of prefixes of the training corpus,
                   evaluated on the held-out files' continuations.
     6. export     target/, draft/, prompts.json and build_info.json into --out.
+
+With --dflash2, steps 2-3 and the plain draft are skipped: a DFlash2 draft (`--family dflash2`)
+of the same recipe is trained for the target already in --out, on the same data, and exported
+to --out/draft-dflash2/ (its build information under "draft_dflash2" in build_info.json).
 
 Reproducibility: same interpreter files, same thread count and same CPU give the same bytes;
 other CPUs give slightly different floating-point rounding, hence slightly different weights.
@@ -322,6 +327,11 @@ def draft_argv(target: str, data: str, eval_data: str, out: str, steps: int) -> 
     ]
 
 
+# DFlash2 (--dflash2): the recipe's convolution (2 taps over groups of 16 channels) and a selector
+# of rank 64 over the top 16 candidates (the recipe's 256 is as wide as this draft).
+DFLASH2_ARGV = ("--family", "dflash2", "--selector-rank", "64", "--selector-top-k", "16")
+
+
 def write_documents(path: str, texts: list[str]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for text in texts:
@@ -344,7 +354,7 @@ def train_draft(argv: list[str]) -> dict:
         "steps": trainer.step,
         "train_examples": len(trainer.examples),
         "held_out_examples": len(trainer.eval_examples),
-        "held_out": {"loss": round(held_out.loss, 4), "tau": round(held_out.acceptance_length, 3)},
+        "held_out": {k: round(v, 4) for k, v in held_out.summary().items() if k != "acc"},
     }
 
 
@@ -407,7 +417,13 @@ def main() -> None:
     parser.add_argument(
         "--reuse-target", action="store_true", help="keep WORK/target from an earlier run (draft only)"
     )
+    parser.add_argument(
+        "--dflash2", action="store_true", help="train only a DFlash2 draft for the target in --out"
+    )
     args = parser.parse_args()
+    if args.dflash2:
+        build_dflash2(args)
+        return
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -487,6 +503,49 @@ def main() -> None:
         sizes = file_sizes(args.out)
         print(f"wrote {args.out}: target {sizes['target'] / 1e6:.1f} MB, draft {sizes['draft'] / 1e6:.1f} MB")
     print(f"\ntotal {time.perf_counter() - clock.start:.0f} s")
+
+
+def build_dflash2(args) -> None:
+    """The DFlash2 draft of the shipped recipe for the target in `args.out`, into
+    `args.out`/draft-dflash2/; its record goes under "draft_dflash2" in build_info.json."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    clock = Clock()
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    target_dir, draft_dir = os.path.join(args.out, "target"), os.path.join(work, "draft-dflash2")
+    with clock.step("1. corpus"):
+        lib_dir = os.path.dirname(os.__file__)
+        train_files, held_files = split_corpus(corpus_files(lib_dir))
+        train_texts, held_texts = read_texts(lib_dir, train_files), read_texts(lib_dir, held_files)
+    with clock.step("5. draft (dflash2)"):
+        shutil.rmtree(draft_dir, ignore_errors=True)
+        data_dir = os.path.join(work, "draft_data")
+        os.makedirs(data_dir, exist_ok=True)
+        train_data, eval_data = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "eval.jsonl")
+        write_documents(train_data, train_texts[: args.max_docs])
+        write_documents(eval_data, held_texts[: args.max_docs])
+        argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps) + list(DFLASH2_ARGV)
+        record = train_draft(argv)
+        record["command"] = "python -m sglang_dflash.train " + " ".join(
+            os.path.relpath(a, work) if os.path.isabs(a) else a for a in argv
+        )
+    with clock.step("6. export"):
+        record["times_s"] = clock.times
+        dst = os.path.join(args.out, "draft-dflash2")
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(dst)
+        for f in DRAFT_FILES:
+            shutil.copy(os.path.join(draft_dir, f), os.path.join(dst, f))
+        info_file = os.path.join(args.out, "build_info.json")
+        with open(info_file) as f:
+            info = json.load(f)
+        info["draft_dflash2"] = record
+        with open(info_file, "w") as f:
+            json.dump(info, f, indent=1)
+            f.write("\n")
+    print(f"wrote {dst}; total {time.perf_counter() - clock.start:.0f} s")
 
 
 if __name__ == "__main__":

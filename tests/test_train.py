@@ -7,6 +7,7 @@ loader (for the export).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -262,8 +263,8 @@ def test_block_loss_matches_loop_oracle():
 
 
 def test_the_chunked_head_loss_equals_the_whole_one(monkeypatch):
-    """`head_loss` in checkpointed chunks: the loss, the hits and the gradient of the whole [M, V]
-    path, to fp32 rounding."""
+    """`head_loss` in checkpointed chunks: the loss, the hits, the top-k candidates and the
+    gradient of the whole [M, V] path, to fp32 rounding."""
     from sglang_dflash.train import objective
 
     gen = torch.Generator().manual_seed(0)
@@ -276,11 +277,12 @@ def test_the_chunked_head_loss_equals_the_whole_one(monkeypatch):
     whole = (w * F.cross_entropy(logits, labels, reduction="none")).sum()
     (want_grad,) = torch.autograd.grad(whole, rows)
     monkeypatch.setattr(objective, "LOSS_CHUNK_BYTES", 4 * v * 7)  # 7 rows a chunk: 8 chunks
-    chunked, hits = objective.head_loss(rows, labels, w, lm_head)
+    chunked, hits, candidates = objective.head_loss(rows, labels, w, lm_head, top_k=5)
     (grad,) = torch.autograd.grad(chunked, rows)
     assert chunked.item() == pytest.approx(whole.item(), rel=1e-6)
     torch.testing.assert_close(grad, want_grad, rtol=1e-6, atol=1e-6)
     assert torch.equal(hits, logits.argmax(-1) == labels)
+    assert torch.equal(candidates, logits.topk(5, dim=-1).indices)  # DFlash2's candidates
 
 
 def test_the_hooked_target_equals_hf_hidden_states_and_logits(files, monkeypatch):
@@ -323,7 +325,7 @@ base = status("VmRSS:")
 if sys.argv[1] == "whole":
     loss = (w * F.cross_entropy(F.linear(rows, lm_head).float(), labels, reduction="none")).sum()
 else:
-    loss, _ = objective.head_loss(rows, labels, w, lm_head)
+    loss, _, _ = objective.head_loss(rows, labels, w, lm_head)
 loss.backward()
 print((status("VmHWM:") - base) // 1024)
 """
@@ -357,11 +359,13 @@ class _Embedding:
 
 
 @pytest.mark.parametrize("mode", ["split", "dense"])
-@pytest.mark.parametrize("sliding", [False, True])
-def test_training_forward_matches_serving(tmp_path, sliding, mode):
+@pytest.mark.parametrize("sliding, conv", [(False, False), (True, False), (False, True)])
+def test_training_forward_matches_serving(tmp_path, sliding, conv, mode):
     """Every anchored block of a padded batch, trained in one forward, gets the hidden states
     that serving computes for that block alone: context = the tokens before the anchor (with
-    either block attention, `--block-attention`)."""
+    either block attention, `--block-attention`). With DFlash2's grouped convolution (`conv`),
+    whose taps reach back along each block's rows: the training batch holds whole blocks, as
+    serving's does."""
     path = make_draft(
         str(tmp_path / "draft"), num_layers=2, num_kv_heads=1, target_layer_ids=[0, 2], block_size=4
     )
@@ -375,6 +379,15 @@ def test_training_forward_matches_serving(tmp_path, sliding, mode):
     config = DFlashDraftConfig.from_pretrained(path)
     draft = DFlashDraftModel.from_pretrained(path, config, 2)
     gen = torch.Generator().manual_seed(1)
+    if conv:  # the same draft with convolutions of 2 taps over groups of 16, their deltas random
+        config = dataclasses.replace(config, conv_kernel_size=2, conv_group_size=16)
+        plain, draft = draft, DFlashDraftModel(config, 2)
+        draft.load_state_dict(plain.state_dict(), strict=False)
+        with torch.no_grad():
+            for layer in draft.layers:
+                for c in (layer.attention_conv, layer.mlp_conv):
+                    c.kernel_projection.weight.normal_(0, 0.3, generator=gen)
+                    c.base_kernel.normal_(0, 0.5, generator=gen)
     target = _Embedding(torch.randn(384, 64, generator=gen))
     lengths, s, bs = [12, 8], 12, 4
     examples = [

@@ -46,13 +46,21 @@ class CandidateSelector(nn.Module):
         """candidate_ids [bs, E, K], unary [bs, E, K] float32, hidden [bs, E, H], anchor [bs]
         -> score [bs, E, K (predecessor), K (candidate)] float32."""
         bs, _, k = candidate_ids.shape
-        projected = self.hidden_projection(hidden).float()  # [bs, E, r]
         # Slot 1's predecessors are the anchor, repeated K times; slot e's the candidates of e-1.
         predecessor_ids = torch.cat([anchor.reshape(bs, 1, 1).expand(bs, 1, k), candidate_ids[:, :-1]], dim=1)
-        predecessors = self.predecessor_codebook[predecessor_ids].float()  # [bs, E, K, r]
-        successors = self.successor_codebook[candidate_ids].float()  # [bs, E, K, r]
-        pair = torch.einsum("bepr,becr->bepc", predecessors * projected[:, :, None], successors)
-        return unary[:, :, None, :] + pair
+        return unary[:, :, None, :] + self.pair(predecessor_ids, candidate_ids, hidden)
+
+    def pair(
+        self, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """The lattice's pair term for any leading shape: predecessor_ids [..., P], candidate_ids
+        [..., K], hidden [..., H] -> [..., P, K] float32, < A[pred_p] * (P h), B[cand_c] >. The
+        serving walk scores K predecessors per slot; training scores the gold one (P = 1)."""
+        projected = self.hidden_projection(hidden).float()  # [..., r]
+        # [..., P, r]: each predecessor's codebook row gated by the projected hidden state
+        predecessors = self.predecessor_codebook[predecessor_ids].float() * projected[..., None, :]
+        successors = self.successor_codebook[candidate_ids].float()  # [..., K, r]
+        return predecessors @ successors.transpose(-1, -2)
 
 
 def unary_logits(values: torch.Tensor, multiplier: float, softcap: float | None) -> torch.Tensor:

@@ -16,7 +16,9 @@ from sglang_dflash.checkpoint.config import CheckpointError
 from sglang_dflash.train.config import (
     AUTOCAST,
     BLOCK_ATTENTION,
+    DFLASH2_DEFAULTS,
     EXPORT_DTYPES,
+    FAMILIES,
     LABELS,
     LAYER_TYPE_ALIASES,
     REGEN_BACKENDS,
@@ -105,6 +107,51 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "--target-layer-ids", "target layers whose outputs condition the draft", type=int, nargs="+")
     add(g, "--mask-token", "MASK token (must be in the vocabulary); default: tokenizer.mask_token")
     add(g, "--mask-token-id", "MASK token id (e.g. an unused embedding row)", type=int)
+
+    g = p.add_argument_group("family")
+    add(
+        g,
+        "--family",
+        "dflash; dflash2: a grouped convolution around every sublayer and a candidate selector",
+        choices=FAMILIES,
+    )
+    d = DFLASH2_DEFAULTS
+    add(
+        g,
+        "--conv-kernel-size",
+        f"dflash2: the convolution's taps over the block; None: {d['conv_kernel_size']}",
+        type=int,
+    )
+    add(
+        g,
+        "--conv-group-size",
+        f"dflash2: channels per convolution group; None: {d['conv_group_size']}",
+        type=int,
+    )
+    add(
+        g,
+        "--selector-rank",
+        f"dflash2: rank of the selector's lattice; None: {d['selector_rank']}",
+        type=int,
+    )
+    add(
+        g,
+        "--selector-top-k",
+        f"dflash2: candidates per slot from the target's head; None: {d['selector_top_k']}",
+        type=int,
+    )
+    add(
+        g,
+        "--selector-loss-weight",
+        f"dflash2: weight of the selector's loss beside the head's; None: {d['selector_loss_weight']}",
+        type=float,
+    )
+    g.add_argument(
+        "--selector-stop-gradient",
+        action="store_true",
+        default=False,
+        help="dflash2: the selector's loss trains the selector only, not the draft's layers",
+    )
 
     g = p.add_argument_group("objective")
     add(g, "--labels", "target: the target's argmax; data: the data tokens", choices=LABELS)

@@ -22,6 +22,17 @@ LAYER_TYPE_ALIASES = {
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 AUTOCAST = ("auto", "bf16", "off")  # auto: bf16 on CUDA, none (fp32) on CPU
 BLOCK_ATTENTION = ("auto", "split", "dense")  # `objective.BlockAttention`
+FAMILIES = ("dflash", "dflash2")
+# DFlash2's settings (`--family dflash2`) and their defaults, NeMo Automodel's `TrainDFlash2Recipe`
+# values: a convolution of 2 taps over groups of 16 channels around every sublayer, and a
+# rank-256 selector over the target's top 16 candidates whose loss weighs as much as the head's.
+DFLASH2_DEFAULTS = {
+    "conv_kernel_size": 2,
+    "conv_group_size": 16,
+    "selector_rank": 256,
+    "selector_top_k": 16,
+    "selector_loss_weight": 1.0,
+}
 
 
 class TrainConfigError(ValueError):
@@ -66,6 +77,16 @@ class TrainConfig:
     target_layer_ids: Optional[tuple[int, ...]] = None
     mask_token: Optional[str] = None
     mask_token_id: Optional[int] = None
+
+    # Family: "dflash", or "dflash2" (the grouped convolution and the candidate selector). The
+    # DFlash2 settings are None unless set: DFLASH2_DEFAULTS with --family dflash2, refused without.
+    family: str = "dflash"
+    conv_kernel_size: Optional[int] = None
+    conv_group_size: Optional[int] = None
+    selector_rank: Optional[int] = None
+    selector_top_k: Optional[int] = None
+    selector_loss_weight: Optional[float] = None
+    selector_stop_gradient: bool = False  # the selector's loss trains the selector only
 
     # Objective.
     labels: str = "target"
@@ -130,6 +151,7 @@ class TrainConfig:
             ("export_dtype", EXPORT_DTYPES),
             ("autocast", AUTOCAST),
             ("block_attention", BLOCK_ATTENTION),
+            ("family", FAMILIES),
         ):
             if getattr(self, name) not in choices:
                 raise TrainConfigError(
@@ -166,8 +188,30 @@ class TrainConfig:
                     raise TrainConfigError(
                         f"--{_flag(name)} runs the target's decoder, which --features training does not build"
                     )
+        self._check_dflash2()
         if self.target_layer_ids is not None and not self.target_layer_ids:
             raise TrainConfigError("--target-layer-ids must name at least one layer")
+
+    def _check_dflash2(self) -> None:
+        given = [n for n in DFLASH2_DEFAULTS if getattr(self, n) is not None]
+        if self.selector_stop_gradient:
+            given.append("selector_stop_gradient")
+        if self.family != "dflash2":
+            if given:
+                raise TrainConfigError(f"--{_flag(given[0])} is a DFlash2 setting: pass --family dflash2")
+            return
+        for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            value = self.dflash2[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainConfigError(f"--{_flag(name)} must be an integer >= 1, got {value!r}")
+        weight = self.dflash2["selector_loss_weight"]
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0):
+            raise TrainConfigError(f"--selector-loss-weight must be a number >= 0, got {weight!r}")
+
+    @property
+    def dflash2(self) -> dict:
+        """DFlash2's settings, defaults filled in (meaningful with --family dflash2)."""
+        return {n: d if getattr(self, n) is None else getattr(self, n) for n, d in DFLASH2_DEFAULTS.items()}
 
     @property
     def resolved_layer_types(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from sglang_dflash.checkpoint.config import ARCHITECTURE
+from sglang_dflash.checkpoint.contract import SELECTOR_ARCHITECTURES
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.train.config import TrainConfig
 
@@ -29,15 +30,21 @@ def draft_config_dict(
     target_config, cfg: TrainConfig, *, layer_ids: tuple[int, ...], mask_token_id: int
 ) -> dict:
     """config.json of the draft: Qwen3 fields (head shape and RoPE from the target unless set)
-    plus the DFlash fields."""
+    plus the DFlash fields; with --family dflash2, DFlash2's class and its convolution and
+    selector fields (in `dflash_config`, where SGLang reads them)."""
     t = target_config
     heads = cfg.num_attention_heads or t.num_attention_heads
     head_dim = cfg.head_dim or getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     rope = _rope_parameters(t)
     layer_types = list(cfg.resolved_layer_types)
     sliding = "sliding_attention" in layer_types
+    dflash = {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id}
+    architecture = ARCHITECTURE
+    if cfg.family == "dflash2":
+        architecture = SELECTOR_ARCHITECTURES[0]  # DFlash2DraftModel
+        dflash.update({k: v for k, v in cfg.dflash2.items() if k != "selector_loss_weight"})
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": [architecture],
         "model_type": "qwen3",
         "hidden_size": t.hidden_size,
         "num_hidden_layers": cfg.num_draft_layers,
@@ -66,7 +73,7 @@ def draft_config_dict(
         "dtype": cfg.export_dtype,
         "block_size": cfg.block_size,
         "num_target_layers": t.num_hidden_layers,
-        "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
+        "dflash_config": dflash,
     }
 
 

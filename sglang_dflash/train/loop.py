@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from sglang_dflash.checkpoint.config import DFlashDraftConfig
-from sglang_dflash.draft.model import DFlashDraftModel
+from sglang_dflash.draft.model import DFlashDraftModel, GroupedConv
 from sglang_dflash.train import atomic, checkpoint, data
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft
@@ -50,12 +50,24 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float):
 
 
 def init_draft(draft: DFlashDraftModel, std: float) -> None:
-    """Linear weights ~ N(0, std), as transformers initialises Qwen3; norms stay at 1."""
+    """Linear weights ~ N(0, std), as transformers initialises Qwen3; norms stay at 1. DFlash2's
+    parts start as SpecForge's and NeMo Automodel's recipes start them: each convolution as the
+    identity (its base kernel's first tap 1, `GroupedConv`, and no per-token delta), and the
+    selector's pair term at 0 (the successor codebook 0, the predecessor's ~ N(0, std)), so the
+    walk starts as the head's argmax over the candidates."""
     for module in draft.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+        if isinstance(module, GroupedConv):
+            nn.init.zeros_(module.kernel_projection.weight)
+    selector = getattr(draft, "candidate_selector", None)
+    if selector is not None:  # served, its codebooks are frozen lookup tables; trained here
+        nn.init.normal_(selector.predecessor_codebook, 0.0, std)
+        nn.init.zeros_(selector.successor_codebook)
+        for p in selector.parameters():
+            p.requires_grad_(True)
 
 
 # A served tau below this fraction of the teacher-forced one is warned about.
@@ -63,9 +75,13 @@ SERVED_GAP = 0.75
 
 
 def format_metrics(m: Metrics) -> str:
-    """E.g., 'loss=2.310 tau=1.42 acc%=41 22 13 9'."""
+    """E.g., 'loss=2.310 tau=1.42 acc%=41 22 13 9'; a DFlash2 draft's adds its selector's greedy
+    walk and the candidates' recall: '... tau_walk=1.51 recall%=88'."""
     acc = " ".join(f"{round(100 * a)}" for a in m.accuracy)
-    return f"loss={m.loss:.3f} tau={m.acceptance_length:.2f} acc%={acc}"
+    out = f"loss={m.loss:.3f} tau={m.acceptance_length:.2f} acc%={acc}"
+    if int(m.selector_labels):
+        out += f" tau_walk={m.walk_acceptance_length:.2f} recall%={round(100 * m.candidate_recall)}"
+    return out
 
 
 class Trainer:
@@ -146,7 +162,11 @@ class Trainer:
             gamma=cfg.resolved_loss_gamma,
             max_length=cfg.max_length,
             block_attention=self.block_attention,
+            selector_weight=cfg.dflash2["selector_loss_weight"],
+            selector_stop_gradient=cfg.selector_stop_gradient,
         )
+        if cfg.family == "dflash2":
+            logger.info("family dflash2: %s", ", ".join(f"{k} {v}" for k, v in cfg.dflash2.items()))
         self._build_optimizer()
         if cfg.resume is not None:
             self.load(checkpoint.resolve_resume(cfg.resume, cfg.out))

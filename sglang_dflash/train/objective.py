@@ -10,6 +10,7 @@ Block position k = 1..B-1 is trained to predict the token at a+k:
   * `labels="data"`: the data token x_{a+k}.
 The cross-entropy goes through the frozen target LM head and is weighted by
 w_k = exp(-(k-1)/gamma): an early miss ends the accepted run, so early positions matter more.
+A DFlash2 draft adds its candidate selector's loss over the same labels (`selector.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sglang_dflash.train import split_attention
 from sglang_dflash.train.config import TrainConfigError
 from sglang_dflash.train.data import Batch
 from sglang_dflash.train.mask import block_attention_mask
+from sglang_dflash.train.selector import SelectorLoss
 from sglang_dflash.train.target import FrozenTarget, TargetOutput
 
 
@@ -237,6 +239,11 @@ class Metrics:
     accepted: torch.Tensor  # [] sum over complete blocks of the accepted run length
     blocks: torch.Tensor  # [] complete blocks (every position labelled)
     anchors: torch.Tensor  # [] valid anchors (blocks with at least their first label)
+    # DFlash2's selector (`selector.py`); zeros for a plain draft.
+    selector_labels: torch.Tensor  # [] labels the selector's loss saw
+    selector_loss_sum: torch.Tensor  # [] sum of w_k * its CE
+    in_top_k: torch.Tensor  # [] labels among the target head's top K candidates
+    walk_accepted: torch.Tensor  # [] sum over complete blocks of the greedy walk's accepted run
 
     def merge(self, other: "Metrics") -> "Metrics":
         return Metrics(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
@@ -272,10 +279,27 @@ class Metrics:
         """No labels (a rank's empty share of a micro-batch), on the device the metrics are."""
         zero = torch.zeros((), dtype=torch.float64, device=device)
         counts = torch.zeros(num_positions, dtype=torch.int64, device=device)
-        return cls(zero, zero, counts.double(), counts, counts[0], counts[0], counts[0])
+        return cls(zero, zero, counts.double(), counts, *[counts[0]] * 4, zero, counts[0], counts[0])
+
+    @property
+    def candidate_recall(self) -> float:
+        """The share of labels among the top K candidates the selector chooses from."""
+        return float(self.in_top_k.float() / self.selector_labels.clamp_min(1))
+
+    @property
+    def walk_acceptance_length(self) -> float:
+        """As `acceptance_length`, for the proposals of the selector's greedy walk (served)."""
+        return float(self.walk_accepted.float() / self.blocks.clamp_min(1)) + 1.0
 
     def summary(self) -> dict:
-        return {"loss": self.loss, "tau": self.acceptance_length, "acc": self.accuracy}
+        out = {"loss": self.loss, "tau": self.acceptance_length, "acc": self.accuracy}
+        if int(self.selector_labels):
+            out.update(
+                selector_loss=float(self.selector_loss_sum / self.weight_sum.clamp_min(1e-12)),
+                candidate_recall=self.candidate_recall,
+                tau_walk=self.walk_acceptance_length,
+            )
+        return out
 
 
 # The LM-head loss runs over rows of at most this many fp32 logits at once (`head_loss`).
@@ -283,34 +307,43 @@ LOSS_CHUNK_BYTES = 128 * 2**20
 
 
 def head_loss(
-    rows: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, lm_head_weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    rows: torch.Tensor, labels: torch.Tensor, w: torch.Tensor, lm_head_weight: torch.Tensor, top_k: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """rows [M, H], labels [M], weights w [M] -> (sum of w * CE through the LM head, argmax hits
-    [M] bool), in chunks of rows whose fp32 logits fit `LOSS_CHUNK_BYTES`. Each chunk is
+    [M] bool, and with `top_k` the head's top-k token ids [M, k], best first: DFlash2's
+    candidates), in chunks of rows whose fp32 logits fit `LOSS_CHUNK_BYTES`. Each chunk is
     checkpointed: its [C, V] logits are freed after the forward and recomputed in the backward,
     so [M, V] never exists whole (at 512 anchors, B = 16 and a 152K vocabulary it would be about
     4.7 GB per sequence, plus its gradient)."""
     from torch.utils.checkpoint import checkpoint
 
-    def chunk(x: torch.Tensor, y: torch.Tensor, wy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def chunk(x: torch.Tensor, y: torch.Tensor, wy: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logits = F.linear(x, lm_head_weight).float()  # [C, V]
-        return (wy * F.cross_entropy(logits, y, reduction="none")).sum(), logits.argmax(-1) == y
+        out = ((wy * F.cross_entropy(logits, y, reduction="none")).sum(), logits.argmax(-1) == y)
+        return out + (logits.topk(top_k, dim=-1).indices,) if top_k else out
 
     size = max(1, LOSS_CHUNK_BYTES // (4 * lm_head_weight.shape[0]))
-    total, hits = rows.sum() * 0.0, []
+    total, hits, candidates = rows.sum() * 0.0, [], []
     for lo in range(0, rows.shape[0], size):
         part = slice(lo, lo + size)
-        loss, hit = checkpoint(chunk, rows[part], labels[part], w[part], use_reentrant=False)
-        total, hits = total + loss, hits + [hit]
-    return total, torch.cat(hits) if hits else labels.new_zeros(0, dtype=torch.bool)
+        loss, hit, *top = checkpoint(chunk, rows[part], labels[part], w[part], use_reentrant=False)
+        total, hits, candidates = total + loss, hits + [hit], candidates + top
+    if not hits:
+        hits = [labels.new_zeros(0, dtype=torch.bool)]
+        candidates = [labels.new_zeros(0, top_k)] if top_k else []
+    return total, torch.cat(hits), torch.cat(candidates) if top_k else None
 
 
 def block_loss(
-    hidden: torch.Tensor, blocks: Blocks, lm_head_weight: torch.Tensor, weights: torch.Tensor
+    hidden: torch.Tensor,
+    blocks: Blocks,
+    lm_head_weight: torch.Tensor,
+    weights: torch.Tensor,
+    selector: Optional[SelectorLoss] = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """hidden [b, A, B, H] -> the weighted CE summed over the labelled positions (the caller
     divides by the sum of the weights over the whole optimizer step: `metrics.weight_sum`
-    summed), and metrics.
+    summed), and metrics. With `selector` (DFlash2), plus its weighted loss over the same labels.
 
     Only labelled positions go through the LM head (M <= b*A*(B-1) rows, in chunks: `head_loss`).
     """
@@ -319,26 +352,42 @@ def block_loss(
     k_index = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)[valid]  # [M]
     labels = blocks.labels[valid]  # [M]
     w = weights[k_index]
-    loss_sum, hit = head_loss(proposals[valid], labels, w, lm_head_weight)  # [], [M]
+    rows = proposals[valid]  # [M, H]
+    top_k = selector.top_k if selector is not None else 0
+    loss_sum, hit, candidates = head_loss(rows, labels, w, lm_head_weight, top_k)  # [], [M], [M, K]
     weight_sum = w.sum()
+    terms = None
+    if selector is not None:
+        # Slot k's predecessor: the gold token of slot k-1; for slot 1, the anchor (block position 0).
+        predecessors = torch.cat([blocks.block_ids[..., :1], blocks.labels[..., :-1]], dim=-1)[valid]
+        terms = selector(rows, labels, predecessors, candidates, w, lm_head_weight)
+        loss_sum = loss_sum + selector.weight * terms.loss_sum
 
     with torch.no_grad():
         num_pos = valid.shape[-1]
         correct = torch.bincount(k_index, weights=hit.float(), minlength=num_pos)
         count = torch.bincount(k_index, minlength=num_pos)
-        # Accepted run per complete block: E.g., hits [1, 1, 0, 1] -> cumprod [1, 1, 0, 0] -> 2.
-        dense = torch.zeros_like(valid)
-        dense[valid] = hit
         complete = valid.all(-1)  # [b, A]
-        run = dense.long().cumprod(-1).sum(-1)  # [b, A]
+
+        def accepted(hits: torch.Tensor) -> torch.Tensor:
+            # Accepted run per complete block: E.g., hits [1, 1, 0, 1] -> cumprod [1, 1, 0, 0] -> 2.
+            dense = torch.zeros_like(valid)
+            dense[valid] = hits
+            return dense.long().cumprod(-1).sum(-1)[complete].sum()
+
+        zero = torch.zeros((), dtype=torch.int64, device=valid.device)
         metrics = Metrics(
             loss_sum=loss_sum.detach(),
             weight_sum=weight_sum.detach(),
             correct=correct,
             count=count,
-            accepted=run[complete].sum(),
+            accepted=accepted(hit),
             blocks=complete.sum(),
             anchors=valid[..., 0].sum(),
+            selector_labels=zero if terms is None else count.sum(),
+            selector_loss_sum=zero.double() if terms is None else terms.loss_sum.detach().double(),
+            in_top_k=zero if terms is None else terms.in_top_k.sum(),
+            walk_accepted=zero if terms is None else accepted(terms.walk_hit),
         )
     return loss_sum, metrics
 
@@ -356,6 +405,8 @@ class DFlashObjective:
         gamma: float,
         max_length: int,
         block_attention: str = "split",
+        selector_weight: float = 1.0,
+        selector_stop_gradient: bool = False,
     ):
         self.block_size = block_size
         self.mask_token_id = mask_token_id
@@ -364,6 +415,8 @@ class DFlashObjective:
         self.gamma = gamma
         self.max_length = max_length  # the anchors' random rows are this long (`sample_anchors`)
         self.block_attention = block_attention  # resolved: "split" or "dense"
+        self.selector_weight = selector_weight  # DFlash2: its selector's loss beside the head's
+        self.selector_stop_gradient = selector_stop_gradient
 
     def __call__(
         self,
@@ -392,4 +445,7 @@ class DFlashObjective:
         )
         hidden = draft_hidden(draft, target, target_out, blocks, mode=self.block_attention)
         weights = loss_weights(self.block_size, self.gamma, hidden.device)
-        return block_loss(hidden, blocks, target.lm_head_weight, weights)
+        selector = None
+        if getattr(draft, "candidate_selector", None) is not None:
+            selector = SelectorLoss.of(draft, self.selector_weight, self.selector_stop_gradient)
+        return block_loss(hidden, blocks, target.lm_head_weight, weights, selector)

@@ -7,7 +7,9 @@ the serving loop with the reference's semantics (z-lab's `dflash_generate`, gree
 target, then per step draft a block `[last token, MASK x (B-1)]` over the context K/V of every
 committed token, verify it in one target forward, commit the accepted run plus the target's
 next token, and extend the draft's context with the committed tokens' features. `tau_served`
-is the mean number of tokens committed per step.
+is the mean number of tokens committed per step. The proposals are read out by the serving
+proposer of the draft's family (`propose/proposers.proposer_for`): the target head's argmax,
+or DFlash2's greedy walk over its selector's lattice.
 
 Python loop per decoding step: this is an evaluation on a few prompts, not the serving path.
 """
@@ -20,6 +22,7 @@ import torch
 
 from sglang_dflash.draft.attention import attend_with_context, visibility
 from sglang_dflash.draft.model import DFlashDraftModel
+from sglang_dflash.propose.proposers import ProposalInputs, proposer_for
 
 
 @dataclass
@@ -47,6 +50,7 @@ def speculative_generate(
 
     device = target.get_input_embeddings().weight.device
     block_size = draft.config.block_size
+    propose = proposer_for(draft, HFHead(target))
     limit = len(prompt) + max_new_tokens
     ids = torch.tensor([prompt], device=device)
     cache = DynamicCache(config=target.config)
@@ -61,10 +65,15 @@ def speculative_generate(
         block = torch.tensor(tokens[start : start + 1] + [mask_token_id] * (width - 1), device=device)
         positions = torch.arange(start, start + width, device=device)
         if width > 1:
-            hidden = draft(
-                target.get_input_embeddings()(block), positions, _attend(draft, k_ctx, v_ctx, positions)
-            )
-            block[1:] = target.get_output_embeddings()(hidden[1:]).argmax(-1)
+            # A convolution runs over whole blocks (`GroupedConv`): such a draft runs its block
+            # of B, as serving does, and the window is its first `width` rows.
+            drafted = block_size if draft.config.conv_kernel_size else width
+            drafted_ids = torch.cat([block, block.new_full((drafted - width,), mask_token_id)])
+            rows = torch.arange(start, start + drafted, device=device)
+            embeds = target.get_input_embeddings()(drafted_ids)
+            hidden = draft(embeds, rows, _attend(draft, k_ctx, v_ctx, rows))
+            inputs = ProposalInputs(anchor=block[:1], positions=positions[None])
+            block[1:] = propose(hidden[None, :width], inputs).tokens[0]
         out = target(block[None], past_key_values=cache, use_cache=True, output_hidden_states=True)
         posterior = out.logits[0].argmax(-1)  # [width]
         accepted = int((block[1:] == posterior[:-1]).long().cumprod(0).sum())
@@ -78,6 +87,25 @@ def speculative_generate(
         k_new, v_new = _context_kv(draft, new, start - produced)
         k_ctx, v_ctx = torch.cat([k_ctx, k_new], 1), torch.cat([v_ctx, v_new], 1)
     return Served(tokens[len(prompt) : limit], committed)
+
+
+class HFHead:
+    """The LM head of an HF causal LM as the serving proposers read a target's head
+    (`draft/target_head.TargetHead`: logits, argmax, top-k), in one process."""
+
+    def __init__(self, model):
+        self.head = model.get_output_embeddings()
+        self.vocab_size = self.head.weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.to(self.head.weight.dtype))
+
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits(hidden).argmax(-1)
+
+    def topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        values, ids = self.logits(hidden).float().topk(k, dim=-1)
+        return values, ids
 
 
 def _features(hidden_states, layer_ids) -> torch.Tensor:
