@@ -338,6 +338,17 @@ def write_documents(path: str, texts: list[str]) -> None:
             f.write(json.dumps({"text": text}) + "\n")
 
 
+def write_draft_data(work: str, train_texts, held_texts, max_docs) -> tuple[str, str]:
+    """WORK/draft_data/{train,eval}.jsonl: the training and held-out documents (the first
+    `max_docs` of each, if set) -> their paths."""
+    data_dir = os.path.join(work, "draft_data")
+    os.makedirs(data_dir, exist_ok=True)
+    paths = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "eval.jsonl")
+    for path, texts in zip(paths, (train_texts, held_texts)):
+        write_documents(path, texts[:max_docs])
+    return paths
+
+
 def train_draft(argv: list[str]) -> dict:
     """The recipe's `Trainer` on the command line `argv`."""
     from sglang_dflash.train.cli import config_from_args
@@ -486,11 +497,7 @@ def main() -> None:
 
     with clock.step("5. draft"):
         shutil.rmtree(draft_dir, ignore_errors=True)
-        data_dir = os.path.join(work, "draft_data")
-        os.makedirs(data_dir, exist_ok=True)
-        train_data, eval_data = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "eval.jsonl")
-        write_documents(train_data, train_texts[: args.max_docs])
-        write_documents(eval_data, held_texts[: args.max_docs])
+        train_data, eval_data = write_draft_data(work, train_texts, held_texts, args.max_docs)
         argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps)
         info["draft"] = train_draft(argv)
         info["draft"]["command"] = "python -m sglang_dflash.train " + " ".join(
@@ -521,11 +528,7 @@ def build_dflash2(args) -> None:
         train_texts, held_texts = read_texts(lib_dir, train_files), read_texts(lib_dir, held_files)
     with clock.step("5. draft (dflash2)"):
         shutil.rmtree(draft_dir, ignore_errors=True)
-        data_dir = os.path.join(work, "draft_data")
-        os.makedirs(data_dir, exist_ok=True)
-        train_data, eval_data = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "eval.jsonl")
-        write_documents(train_data, train_texts[: args.max_docs])
-        write_documents(eval_data, held_texts[: args.max_docs])
+        train_data, eval_data = write_draft_data(work, train_texts, held_texts, args.max_docs)
         argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps) + list(DFLASH2_ARGV)
         record = train_draft(argv)
         record["command"] = "python -m sglang_dflash.train " + " ".join(

@@ -96,47 +96,43 @@ def test_the_selector_loss_equals_a_loop_over_its_formula(stop_gradient):
     assert bool(grads[0].abs().sum() > 0) != stop_gradient
 
 
+@torch.no_grad()
+def _serving_lattice(selector, hidden, head, blocks):
+    """The serving lattice of every block (`CandidateSelector.lattice`): (rows [2, A, B-1, H],
+    unary [2, A, B-1, K], candidates [2, A, B-1, K], scores [2*A, B-1, K, K])."""
+    rows = hidden[:, :, 1:].detach()
+    values, candidates = (rows @ head.T).topk(TOP_K, dim=-1)
+    scores = selector.lattice(
+        candidates.flatten(0, 1),
+        values.flatten(0, 1),
+        rows.flatten(0, 1),
+        blocks.block_ids[:, :, 0].flatten(),
+    )
+    return rows, values, candidates, scores
+
+
 def test_the_training_rows_are_the_serving_lattice_rows():
     """Where the previous slot's gold token is among its candidates, the serving lattice has the
     row training scores: the same scores."""
     selector, (hidden, head, blocks) = _selector(), _inputs()
-    rows = hidden[:, :, 1:].detach()  # [2, A, B-1, H]
-    values, candidates = (rows @ head.T).topk(TOP_K, dim=-1)  # [2, A, B-1, K]
+    rows, values, candidates, lattice = _serving_lattice(selector, hidden, head, blocks)
     with torch.no_grad():
-        lattice = selector.lattice(
-            candidates.flatten(0, 1),
-            values.flatten(0, 1),
-            rows.flatten(0, 1),
-            blocks.block_ids[:, :, 0].flatten(),
-        ).unflatten(0, (2, A))  # [2, A, B-1, K (predecessor), K]
-        flat = rows.flatten(0, 2)
         pred = torch.cat([blocks.block_ids[..., :1], candidates[..., :-1, 0]], dim=-1).flatten()
-        trained = values.flatten(0, 2) + selector.pair(pred[:, None], candidates.flatten(0, 2), flat)[:, 0]
+        pair = selector.pair(pred[:, None], candidates.flatten(0, 2), rows.flatten(0, 2))[:, 0]
+        trained = values.flatten(0, 2) + pair
     # Row 0 of every slot: the anchor for slot 1, the previous slot's best candidate after it.
-    torch.testing.assert_close(trained.view(2, A, B - 1, TOP_K), lattice[..., 0, :], rtol=1e-5, atol=1e-5)
+    want = lattice.unflatten(0, (2, A))[..., 0, :]  # [2, A, B-1, K]
+    torch.testing.assert_close(trained.view(2, A, B - 1, TOP_K), want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_walk_acceptance_is_the_serving_greedy_walk():
     """Labels that follow the serving greedy walk for r slots, then leave it: the logged walk
     acceptance is the sum of the r over the complete blocks."""
     selector, (hidden, head, blocks) = _selector(), _inputs()
-    rows = hidden[:, :, 1:].detach()
-    values, candidates = (rows @ head.T).topk(TOP_K, dim=-1)
-    with torch.no_grad():
-        scores = selector.lattice(
-            candidates.flatten(0, 1),
-            values.flatten(0, 1),
-            rows.flatten(0, 1),
-            blocks.block_ids[:, :, 0].flatten(),
-        )
-        bs = scores.shape[0]
-        picks, _ = walk(
-            candidates.flatten(0, 1),
-            scores,
-            torch.zeros(bs, B - 1),
-            torch.ones(bs),
-            torch.ones(bs, dtype=torch.bool),
-        )
+    _, _, candidates, scores = _serving_lattice(selector, hidden, head, blocks)
+    bs = scores.shape[0]
+    greedy = (torch.zeros(bs, B - 1), torch.ones(bs), torch.ones(bs, dtype=torch.bool))
+    picks, _ = walk(candidates.flatten(0, 1), scores, *greedy)
     picks = picks.view(2, A, B - 1)
     runs = torch.tensor([[0, 2, 4], [1, 3, 0]])  # r per block; block (1, 2) is incomplete
     follow = torch.arange(B - 1) < runs[..., None]
