@@ -521,7 +521,8 @@ def build_dflash2(args) -> None:
     clock = Clock()
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
-    target_dir, draft_dir = os.path.join(args.out, "target"), os.path.join(work, "draft-dflash2")
+    target_dir = os.path.join(os.path.abspath(args.out), "target")
+    draft_dir = os.path.join(work, "draft-dflash2")
     with clock.step("1. corpus"):
         lib_dir = os.path.dirname(os.__file__)
         train_files, held_files = split_corpus(corpus_files(lib_dir))
@@ -531,9 +532,12 @@ def build_dflash2(args) -> None:
         train_data, eval_data = write_draft_data(work, train_texts, held_texts, args.max_docs)
         argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps) + list(DFLASH2_ARGV)
         record = train_draft(argv)
-        record["command"] = "python -m sglang_dflash.train " + " ".join(
-            os.path.relpath(a, work) if os.path.isabs(a) else a for a in argv
-        )
+        # Paths as the plain draft's record has them: the pair's target as `target`, the rest
+        # relative to WORK (no machine's absolute paths).
+        shown = [
+            "target" if a == target_dir else os.path.relpath(a, work) if os.path.isabs(a) else a for a in argv
+        ]
+        record["command"] = "python -m sglang_dflash.train " + " ".join(shown)
     with clock.step("6. export"):
         record["times_s"] = clock.times
         dst = os.path.join(args.out, "draft-dflash2")
