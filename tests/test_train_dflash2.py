@@ -211,8 +211,6 @@ def test_a_dflash2_run_exports_a_checkpoint_that_serves(tmp_path):
 
 def test_a_gold_token_outside_the_top_k_is_never_a_walk_hit():
     """Even where its inserted row's score tops the others: the walk only picks among the top K."""
-    from sglang_dflash.train.selector import selector_terms
-
     selector, (hidden, head, _) = _selector(), _inputs()
     h = hidden[0, 0, 1].detach()[None]  # [1, H]
     candidates = (h @ head.T).topk(TOP_K, dim=-1).indices  # [1, K]
@@ -221,7 +219,7 @@ def test_a_gold_token_outside_the_top_k_is_never_a_walk_hit():
     with torch.no_grad():  # the gold token's successor row makes its pair score dominate
         gate = selector.predecessor_codebook[3] * selector.hidden_projection(h)[0]
         selector.successor_codebook[gold] = 100.0 * gate.sign()
-    terms = selector_terms(selector, h, torch.tensor([gold]), pred, candidates, torch.ones(1), head)
+    terms = SelectorLoss(selector, TOP_K, 1.0)(h, torch.tensor([gold]), pred, candidates, torch.ones(1), head)
     assert terms.in_top_k.tolist() == [False] and terms.walk_hit.tolist() == [False]
     # The row's argmax is the inserted gold token: without the top-K condition it would count.
     inserted, index, _ = insert_gold(candidates, torch.tensor([gold]))

@@ -49,45 +49,14 @@ class SelectorTerms:
     walk_hit: torch.Tensor  # [M] bool: ... and the argmax of its teacher-forced row
 
 
-def selector_terms(
-    selector: CandidateSelector,
-    rows: torch.Tensor,
-    gold: torch.Tensor,
-    predecessors: torch.Tensor,
-    candidates: torch.Tensor,
-    w: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    *,
-    output_multiplier: float = 1.0,
-    softcap: float | None = None,
-    stop_gradient: bool = False,
-) -> SelectorTerms:
-    """rows [M, H]: the draft's hidden states at the labelled slots; gold [M] their labels;
-    predecessors [M] the gold token of each slot's previous slot (the anchor for slot 1);
-    candidates [M, K] the top K of the target's head on `rows` (`objective.head_loss`); w [M].
-
-    `stop_gradient`: the selector's loss reaches the selector only, not the draft's layers (the
-    rows, and so the unary logits, are detached)."""
-    if stop_gradient:
-        rows = rows.detach()
-    inserted, index, in_top_k = insert_gold(candidates, gold)
-    # The candidates' logits, from their rows of the head only: [M, K], differentiable in `rows`.
-    values = torch.einsum("mh,mkh->mk", rows, lm_head_weight[inserted].to(rows.dtype))
-    unary = unary_logits(values, output_multiplier, softcap)
-    scores = unary + selector.pair(predecessors[:, None], inserted, rows)[:, 0]  # [M, K]
-    loss_sum = (w * F.cross_entropy(scores, index, reduction="none")).sum()
-    with torch.no_grad():
-        walk_hit = in_top_k & (scores.argmax(-1) == index)
-    return SelectorTerms(loss_sum, in_top_k, walk_hit)
-
-
 @dataclass(frozen=True)
 class SelectorLoss:
-    """A DFlash2 draft's selector loss: `selector_terms` with the draft's selector and settings."""
+    """A DFlash2 draft's selector loss: its selector, top K, the loss's weight beside the head's,
+    the unary transform (`output_multiplier`, `softcap`) and the stop-gradient setting."""
 
     selector: CandidateSelector
     top_k: int
-    weight: float  # of the selector's loss beside the head's
+    weight: float
     output_multiplier: float = 1.0
     softcap: float | None = None
     stop_gradient: bool = False
@@ -100,8 +69,29 @@ class SelectorLoss:
             config.final_logit_softcapping, stop_gradient,
         )  # fmt: skip
 
-    def __call__(self, rows, gold, predecessors, candidates, w, lm_head_weight) -> SelectorTerms:
-        return selector_terms(
-            self.selector, rows, gold, predecessors, candidates, w, lm_head_weight,
-            output_multiplier=self.output_multiplier, softcap=self.softcap, stop_gradient=self.stop_gradient,
-        )  # fmt: skip
+    def __call__(
+        self,
+        rows: torch.Tensor,
+        gold: torch.Tensor,
+        predecessors: torch.Tensor,
+        candidates: torch.Tensor,
+        w: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+    ) -> SelectorTerms:
+        """rows [M, H]: the draft's hidden states at the labelled slots; gold [M] their labels;
+        predecessors [M] the gold token of each slot's previous slot (the anchor for slot 1);
+        candidates [M, K] the top K of the target's head on `rows` (`objective.head_loss`); w [M].
+
+        With `stop_gradient` the loss reaches the selector only, not the draft's layers (the
+        rows, and so the unary logits, are detached)."""
+        if self.stop_gradient:
+            rows = rows.detach()
+        inserted, index, in_top_k = insert_gold(candidates, gold)
+        # The candidates' logits, from their rows of the head only: [M, K], differentiable in `rows`.
+        values = torch.einsum("mh,mkh->mk", rows, lm_head_weight[inserted].to(rows.dtype))
+        unary = unary_logits(values, self.output_multiplier, self.softcap)
+        scores = unary + self.selector.pair(predecessors[:, None], inserted, rows)[:, 0]  # [M, K]
+        loss_sum = (w * F.cross_entropy(scores, index, reduction="none")).sum()
+        with torch.no_grad():
+            walk_hit = in_top_k & (scores.argmax(-1) == index)
+        return SelectorTerms(loss_sum, in_top_k, walk_hit)
