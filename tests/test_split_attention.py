@@ -86,7 +86,6 @@ def test_split_equals_dense_in_bf16():
 
 def test_the_choice_per_device():
     assert resolve_block_attention("auto", torch.device("cpu"))[0] == "split"
-    assert resolve_block_attention("auto", torch.device("cuda"))[0] == "dense"
     assert resolve_block_attention("dense", torch.device("cpu"))[0] == "dense"
     with pytest.raises(ValueError, match="--block-attention split: no fused attention kernel"):
         resolve_block_attention("split", torch.device("meta"))

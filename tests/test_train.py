@@ -358,14 +358,14 @@ class _Embedding:
         return self.table[ids]
 
 
-@pytest.mark.parametrize("mode", ["split", "dense"])
+@pytest.mark.parametrize("mode", ["split", "flex", "dense"])
 @pytest.mark.parametrize("sliding, conv", [(False, False), (True, False), (False, True)])
 def test_training_forward_matches_serving(tmp_path, sliding, conv, mode):
     """Every anchored block of a padded batch, trained in one forward, gets the hidden states
     that serving computes for that block alone: context = the tokens before the anchor (with
-    either block attention, `--block-attention`). With DFlash2's grouped convolution (`conv`),
-    whose taps reach back along each block's rows: the training batch holds whole blocks, as
-    serving's does."""
+    any block attention, `--block-attention`; flex's forward only, as on CPU). With DFlash2's
+    grouped convolution (`conv`), whose taps reach back along each block's rows: the training
+    batch holds whole blocks, as serving's does."""
     path = make_draft(
         str(tmp_path / "draft"), num_layers=2, num_kv_heads=1, target_layer_ids=[0, 2], block_size=4
     )

@@ -1,14 +1,15 @@
-"""Training's block attention, forward + backward: the dense mask against the split (and,
-on CUDA, FlexAttention with a block mask, for comparison), time and peak memory per layer call,
-with full attention (the default draft layers).
+"""Training's block attention, forward + backward: the dense mask against the split and, on
+CUDA, FlexAttention (`sglang_dflash/train/flex_attention.py`), time and peak memory per layer
+call, with full attention (the default draft layers).
 
     python scripts/bench/block_attention.py [--device cpu|cuda] [--seq-len 2048] [--anchors 512]
         [--block-size 16] [--heads 32] [--kv-heads 8] [--head-dim 128] [--dtype bf16] [--out F.json]
 
-First it checks the split against the dense path at a small fp32 shape (output and the five
-gradients, max abs difference), then times each mode at the given shape (median of 5 after one
-warm-up). Peak: on CUDA the caching allocator's peak above the inputs; on CPU the peak resident
-size above the inputs (/proc/self/clear_refs resets it), each mode in a fresh process.
+First it checks the split (and on CUDA FlexAttention) against the dense path at a small fp32
+shape (output and the five gradients, max abs difference), then times each mode at the given
+shape (median of 5 after one warm-up). Peak: on CUDA the caching allocator's peak above the
+inputs; on CPU the peak resident size above the inputs (/proc/self/clear_refs resets it), each
+mode in a fresh process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from sglang_dflash.draft.attention import attend_with_context  # noqa: E402
-from sglang_dflash.train import split_attention  # noqa: E402
+from sglang_dflash.train import flex_attention, split_attention  # noqa: E402
 from sglang_dflash.train.mask import block_attention_mask  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -58,40 +59,25 @@ def runner(mode, args, anchors, device, dtype):
         return lambda q, kc, vc, k, v: split_attention.split_block_attention(
             q, kc, vc, k, v, bias, own, scale, bsz
         )
-    if mode == "flex":  # for comparison only: training does not use it (docs/training.md#block-attention)
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        q_anchor = anchors[0].repeat_interleave(bsz)  # [Q]
-        q_block = torch.arange(anchors.shape[1], device=device).repeat_interleave(bsz)
-
-        def mask_mod(b, h, qi, ki):  # full attention: context before the anchor, own block
-            in_ctx = ki < s
-            kb = (ki - s).clamp(min=0)
-            return (in_ctx & (ki < q_anchor[qi])) | (~in_ctx & (q_block[qi] == q_block[kb]))
-
-        q_len = anchors.shape[1] * bsz
-        block_mask = create_block_mask(mask_mod, 1, 1, q_len, s + q_len, device=device)
-        flex = torch.compile(flex_attention)
-
-        def run(q, kc, vc, k, v):
-            keys = torch.cat([kc, k], 1).transpose(1, 2)
-            values = torch.cat([vc, v], 1).transpose(1, 2)
-            out = flex(q.transpose(1, 2), keys, values, block_mask=block_mask, scale=scale, enable_gqa=True)
-            return out.transpose(1, 2)
-
-        return run
+    if mode == "flex":
+        shapes = flex_attention.FlexShapes.for_run(anchors.shape[0], s, anchors.shape[1], bsz)
+        mask = flex_attention.block_mask(anchors, shapes, causal=False, window=None)
+        return lambda q, kc, vc, k, v: flex_attention.flex_block_attention(
+            q, kc, vc, k, v, mask, shapes, scale
+        )
     raise ValueError(mode)
 
 
 def check(device) -> dict:
-    """Max abs difference of the split from the dense path, fp32, output and gradients."""
+    """Max abs difference of the split (and flex, on CUDA) from the dense path, fp32, output and
+    gradients."""
     small = argparse.Namespace(
         seq_len=96, anchors=12, block_size=6, heads=4, kv_heads=2, head_dim=64
     )  # Q = 72
     anchors, q, kv = make_inputs(small, device, torch.float32, seed=1)
     anchors[0, 0] = 0  # a row with no context
     ins = (q, *kv)
-    modes = ("dense", "split")
+    modes = ("dense", "split", "flex") if device == "cuda" else ("dense", "split")
     outs = {m: runner(m, small, anchors, device, torch.float32)(*ins) for m in modes}
     grad = torch.randn_like(outs["dense"])
     grads = {m: torch.autograd.grad(o, ins, grad) for m, o in outs.items()}
@@ -119,6 +105,7 @@ def measure(mode, args, device, dtype) -> dict:
         torch.autograd.grad(out, ins, grad)
 
     step()  # warm-up (compiles FlexAttention)
+    compiled = flex_attention.compiled_graphs()
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -135,7 +122,10 @@ def measure(mode, args, device, dtype) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else _rss("VmHWM:")
-    return {"ms": round(statistics.median(times) * 1e3, 2), "peak_mib": round((peak - base) / 2**20, 1)}
+    result = {"ms": round(statistics.median(times) * 1e3, 2), "peak_mib": round((peak - base) / 2**20, 1)}
+    if mode == "flex":  # compiles while timed: 0, or the times include a compile
+        result["timed_compiles"] = flex_attention.compiled_graphs() - compiled
+    return result
 
 
 def main():

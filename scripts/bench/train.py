@@ -1,6 +1,6 @@
 """Training throughput and peak memory at a real model's shape, random weights.
 
-    python scripts/bench/train.py --work DIR [--shape qwen3-8b] [--block-attention split,dense]
+    python scripts/bench/train.py --work DIR [--shape qwen3-8b] [--block-attention flex,dense]
         [--max-length 2048] [--num-anchors 512] [--block-size 16] [--num-draft-layers 5]
         [--batch-size 1] [--steps 8] [--device cuda]
 
@@ -9,7 +9,8 @@
    real one, so the LM head is full size). Written once, reused.
 2. DIR/data.txt: the standard library's `asyncio` and `email` sources, enough for the steps.
 3. For each `--block-attention` mode: `python -m sglang_dflash.train` for `--steps` steps, then
-   the median of `train_log.jsonl`'s throughput over steps 3.. and its peak (`cuda_peak_mib`).
+   the median of `train_log.jsonl`'s throughput over steps 3.., its peak (`cuda_peak_mib`) and,
+   for flex, the graphs compiled in the run (`compiled_graphs`; one per layer kind if fixed).
 
 A summary line per mode is printed and written to DIR/bench_train.json. The labels are a
 random target's argmax, so the loss says nothing; the time and memory are the real shape's.
@@ -110,6 +111,7 @@ def run_mode(args, target: str, data: str, mode: str) -> dict:
         "anchors_per_s": median("anchors_per_s"),
         "labels_per_s": median("labels_per_s"),
         "cuda_peak_mib": max(s.get("cuda_peak_mib", 0) for s in steps),
+        "compiled_graphs": steps[-1].get("compiled_graphs"),  # flex: the whole run's compiles
         "steps": len(steps),
         "wall_s": round(wall),
     }
@@ -119,7 +121,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", required=True)
     p.add_argument("--shape", choices=SHAPES, default="qwen3-8b")
-    p.add_argument("--block-attention", default="split,dense", help="comma-separated modes")
+    p.add_argument("--block-attention", default="flex,dense", help="comma-separated modes")
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--num-anchors", type=int, default=512)
     p.add_argument("--block-size", type=int, default=16)

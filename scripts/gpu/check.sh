@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 BUNDLE=${BUNDLE:-.gpu-bundle/wheels}
 SITE=${GPU_SITE:-$PWD/.gpu-bundle/site}  # git-ignored
 PART=${PART:-all}
-GPU_TESTS="tests/test_draft_step.py tests/test_flashinfer_attention.py tests/test_fused_forward.py tests/test_ops.py tests/test_sampling.py"
+GPU_TESTS="tests/test_draft_step.py tests/test_flashinfer_attention.py tests/test_flex_attention.py tests/test_fused_forward.py tests/test_ops.py tests/test_sampling.py"
 export PYTHONUNBUFFERED=1  # a command stopped at its limit keeps what was printed
 
 if ! $PY -c "import flashinfer" 2>/dev/null; then

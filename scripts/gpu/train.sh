@@ -5,12 +5,13 @@
 # a time cap; every step's output is appended to $OUT/all.log:
 #   1. bench_train.json      a Qwen3-8B-shaped target (random weights) and a 5-layer draft,
 #                            S = 2048, 512 anchors, B = 16, bf16 autocast: throughput and peak
-#                            per --block-attention mode (scripts/bench/train.py)
+#                            per --block-attention mode, flex (auto on CUDA) then dense
+#                            (scripts/bench/train.py)
 #   2. tiny-1.jsonl          docs/training.md's throughput command on the GPU: one process, then
 #      tiny-nccl.jsonl       torchrun with one NCCL rank
 #   3. block_attention.json  one layer call of each block attention, forward + backward, at the
-#      block_attention_3072.json  Qwen3-8B draft's shape, S = 2048 (with FlexAttention for
-#                            comparison) and 3072, the split checked against the dense path in fp32
+#      block_attention_3072.json  Qwen3-8B draft's shape, S = 2048 and 3072, the split and
+#                            FlexAttention checked against the dense path in fp32
 set -u
 OUT=${OUT:-gpu-train-out}
 PY=${GPU_PY:-python3}
@@ -29,9 +30,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/st
 $PY -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' \
     >> "$OUT/steps.log" 2>&1
 
-step bench_train 280 $PY scripts/bench/train.py --work "$WORK" --shape qwen3-8b --block-attention split,dense
+step bench_train 280 $PY scripts/bench/train.py --work "$WORK" --shape qwen3-8b --block-attention flex,dense
 cp "$WORK/bench_train.json" "$OUT/" 2>/dev/null
-for mode in split dense; do
+for mode in flex dense; do
     [ -f "$WORK/run-$mode.log" ] && { echo "===== run-$mode.log (tail)"; tail -5 "$WORK/run-$mode.log"; } >> "$OUT/all.log"
 done
 
@@ -46,6 +47,6 @@ cp "$WORK/tiny-nccl/train_log.jsonl" "$OUT/tiny-nccl.jsonl" 2>/dev/null
 
 step block_attention 90 $PY scripts/bench/block_attention.py --device cuda --modes dense,split,flex \
     --out "$OUT/block_attention.json"
-step block_attention_3072 60 $PY scripts/bench/block_attention.py --device cuda --modes dense,split \
+step block_attention_3072 60 $PY scripts/bench/block_attention.py --device cuda --modes dense,split,flex \
     --seq-len 3072 --out "$OUT/block_attention_3072.json"
 log "done"

@@ -35,9 +35,16 @@ def visibility(
     Full-attention DFlash layers are non-causal: a block query sees every valid key. Sliding
     layers follow the reference: causal unless the config says otherwise, within `window`.
     """
-    q = q_pos.unsqueeze(-1)
-    k = k_pos.unsqueeze(-2)
     visible = k_valid.unsqueeze(-2).expand(*q_pos.shape, k_pos.shape[-1])
+    return within_reach(visible, q_pos.unsqueeze(-1), k_pos.unsqueeze(-2), causal=causal, window=window)
+
+
+def within_reach(
+    visible: torch.Tensor, q: torch.Tensor, k: torch.Tensor, *, causal: bool, window: Optional[int]
+) -> torch.Tensor:
+    """`visibility`'s rule by position, elementwise: `visible` narrowed to the keys at positions
+    `k` that queries at positions `q` may see (all three broadcast together; training's
+    FlexAttention mask applies it per element)."""
     if causal:
         visible = visible & (k <= q)
     if window is not None:

@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         g,
         "--block-attention",
         "split: the context by a fused kernel and each block's own keys, merged by log-sum-exp "
-        "(never computes the masked cross-block scores); dense: SDPA over every block with a mask; "
-        "auto: split on CPU, dense on CUDA (the faster on each, as measured)",
+        "(never computes the masked cross-block scores); flex: FlexAttention, which visits only the "
+        "tiles the mask keeps (CUDA: it has no backward on CPU); dense: SDPA over every block with "
+        "a mask; auto: split on CPU, flex on CUDA (the fastest on each, as measured)",
         choices=BLOCK_ATTENTION,
     )
     p.set_defaults(progress=True)

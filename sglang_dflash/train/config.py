@@ -21,7 +21,7 @@ LAYER_TYPE_ALIASES = {
 }
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 AUTOCAST = ("auto", "bf16", "off")  # auto: bf16 on CUDA, none (fp32) on CPU
-BLOCK_ATTENTION = ("auto", "split", "dense")  # `objective.BlockAttention`
+BLOCK_ATTENTION = ("auto", "split", "flex", "dense")  # `objective.BlockAttention`
 FAMILIES = ("dflash", "dflash2")
 # DFlash2's settings (`--family dflash2`) and their defaults, NeMo Automodel's `TrainDFlash2Recipe`
 # values: a convolution of 2 taps over groups of 16 channels around every sublayer, and a
@@ -115,7 +115,7 @@ class TrainConfig:
     device: Optional[str] = None  # None: cuda if available, else cpu
     export_dtype: str = "bfloat16"
     autocast: str = "auto"  # "auto": bf16 on CUDA, fp32 on CPU; "bf16" also on a CPU with bf16 units
-    block_attention: str = "auto"  # auto: split on CPU, dense on CUDA (`objective.resolve_block_attention`)
+    block_attention: str = "auto"  # auto: split on CPU, flex on CUDA (`objective.resolve_block_attention`)
     progress: bool = True
 
     def __post_init__(self) -> None:

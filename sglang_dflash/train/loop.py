@@ -23,7 +23,7 @@ from torch import nn
 
 from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft.model import DFlashDraftModel, GroupedConv
-from sglang_dflash.train import atomic, checkpoint, data
+from sglang_dflash.train import atomic, checkpoint, data, flex_attention
 from sglang_dflash.train.config import TrainConfig, TrainConfigError
 from sglang_dflash.train.export import draft_config_dict, export_draft
 from sglang_dflash.train.objective import DFlashObjective, Metrics, resolve_block_attention
@@ -162,6 +162,7 @@ class Trainer:
             gamma=cfg.resolved_loss_gamma,
             max_length=cfg.max_length,
             block_attention=self.block_attention,
+            batch_size=cfg.batch_size,
             selector_weight=cfg.dflash2["selector_loss_weight"],
             selector_stop_gradient=cfg.selector_stop_gradient,
         )
@@ -324,6 +325,8 @@ class Trainer:
                 if not main:
                     continue
                 record = {"step": self.step, "lr": lr, **metrics.summary(), "throughput": throughput}
+                if self.block_attention == "flex":  # one per layer kind and grad mode, if fixed
+                    record["compiled_graphs"] = flex_attention.compiled_graphs()
                 if self.device.type == "cuda":  # the allocator's peak so far, this process
                     record["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20)
                 record.update(evaluated)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from sglang_dflash.draft.attention import attend_with_context
 from sglang_dflash.draft.model import DFlashDraftModel
-from sglang_dflash.train import split_attention
+from sglang_dflash.train import flex_attention, split_attention
 from sglang_dflash.train.config import TrainConfigError
 from sglang_dflash.train.data import Batch
 from sglang_dflash.train.mask import block_attention_mask
@@ -131,6 +131,8 @@ class BlockAttention:
     own block (`mask.py`). `mode` (`--block-attention`, chosen once by `resolve_block_attention`):
       * "split": `split_attention`, a fused kernel over the context and each block's own keys
         by hand, merged by log-sum-exp: the masked cross-block region is never computed;
+      * "flex": `flex_attention`, FlexAttention over the padded `flex_shapes` (the batch's own
+        sizes, to a tile, when None): only the tiles the mask keeps are computed;
       * "dense": SDPA over `[context ; every block]` with the dense mask.
     Shapes: b sequences, Q = A*B block tokens each. Masks are built once per layer kind.
     """
@@ -138,6 +140,7 @@ class BlockAttention:
     def __init__(
         self, k_ctx: torch.Tensor, v_ctx: torch.Tensor, anchors: torch.Tensor, block_size: int,
         kinds: list[tuple[bool, Optional[int]]], scale: float, mode: str,
+        flex_shapes: Optional[flex_attention.FlexShapes] = None,
     ):  # fmt: skip
         self.k_ctx = k_ctx  # [L, b, S, kv_heads, d]
         self.v_ctx = v_ctx  # [L, b, S, kv_heads, d]
@@ -146,6 +149,10 @@ class BlockAttention:
         self.kinds = kinds  # per layer (causal, window)
         self.scale = scale
         self.mode = mode
+        if mode == "flex" and flex_shapes is None:
+            b, a = anchors.shape
+            flex_shapes = flex_attention.FlexShapes.for_run(b, k_ctx.shape[2], a, block_size)
+        self.flex_shapes = flex_shapes
         self._masks: dict = {}
 
     def _mask(self, kind: tuple[bool, Optional[int]], dtype: torch.dtype):
@@ -162,6 +169,8 @@ class BlockAttention:
                     block, causal=causal, window=window, device=self.anchors.device
                 ),
             )  # [b, 1, Q, S + 1], [B, B]
+        elif self.mode == "flex":
+            mask = flex_attention.block_mask(self.anchors, self.flex_shapes, causal=causal, window=window)
         else:
             mask = block_attention_mask(self.anchors, s, block, causal=causal, window=window)[:, None]
         self._masks[kind] = mask  # dense: [b, 1, Q, S + Q]
@@ -178,24 +187,33 @@ class BlockAttention:
             out = split_attention.split_block_attention(
                 q, k_ctx, v_ctx, k, v, bias, own, self.scale, self.block_size
             )
+        elif self.mode == "flex":
+            out = flex_attention.flex_block_attention(
+                q, k_ctx, v_ctx, k, v, mask, self.flex_shapes, self.scale
+            )
         else:
             out = attend_with_context(q, k_ctx, v_ctx, k, v, mask, self.scale)
         return out.flatten(0, 1)
 
 
-# Measured (docs/training.md#block-attention): the split is faster and smaller on CPU; on an
-# H100 dense SDPA trained a Qwen3-8B-shaped draft faster (5220 against 4294 tokens/s).
-AUTO_BLOCK_ATTENTION = {"cpu": "split", "cuda": "dense"}
+# docs/training.md#block-attention: on CPU the split is faster and smaller than dense (and
+# FlexAttention has no backward there); on an H100, one layer's forward + backward at the
+# Qwen3-8B draft's shape took 3.2 ms by FlexAttention against 15.7 dense and 14.6 split.
+AUTO_BLOCK_ATTENTION = {"cpu": "split", "cuda": "flex"}
+_SUPPORTED = {"split": split_attention.supported, "flex": flex_attention.supported}
 
 
 def resolve_block_attention(mode: str, device: torch.device) -> tuple[str, str]:
-    """`--block-attention` -> (the mode used, why). "auto": split on CPU, dense on CUDA (the
-    faster of the two as measured on each); a mode the device cannot run is refused."""
+    """`--block-attention` -> (the mode used, why). "auto": split on CPU, flex on CUDA (the
+    fastest as measured on each), dense where that one cannot run (the reason is logged); a
+    mode the device cannot run is refused."""
     if mode == "auto":
         chosen = AUTO_BLOCK_ATTENTION.get(device.type, "dense")
-        return chosen, f"auto on {device.type}: the faster there (docs/training.md#block-attention)"
-    if mode == "split" and (reason := split_attention.supported(device)) is not None:
-        raise TrainConfigError(f"--block-attention split: {reason}")
+        if (reason := _SUPPORTED[chosen](device) if chosen in _SUPPORTED else None) is not None:
+            return "dense", f"auto on {device.type}: {chosen} cannot run ({reason})"
+        return chosen, f"auto on {device.type}: the fastest there (docs/training.md#block-attention)"
+    if mode in _SUPPORTED and (reason := _SUPPORTED[mode](device)) is not None:
+        raise TrainConfigError(f"--block-attention {mode}: {reason}")
     return mode, "chosen by --block-attention"
 
 
@@ -206,9 +224,10 @@ def draft_hidden(
     blocks: Blocks,
     *,
     mode: str = "split",
+    flex_shapes: Optional[flex_attention.FlexShapes] = None,
 ) -> torch.Tensor:
     """The draft's final hidden states for every block token, [b, A, B, H]. `mode`: the block
-    attention, "split" or "dense" (`BlockAttention`)."""
+    attention, "split", "flex" (padded to `flex_shapes`) or "dense" (`BlockAttention`)."""
     config = draft.config
     b, s, _ = target_out.features.shape
     num_anchors, block_size = blocks.block_ids.shape[1:]
@@ -221,7 +240,7 @@ def draft_hidden(
     ]
     attend = BlockAttention(
         k_ctx.unflatten(1, (b, s)), v_ctx.unflatten(1, (b, s)), blocks.anchors, block_size, kinds,
-        config.head_dim**-0.5, mode,
+        config.head_dim**-0.5, mode, flex_shapes,
     )  # fmt: skip
     embeds = target.embed(blocks.block_ids).flatten(0, 2)  # [b*A*B, H]
     hidden = draft(embeds, blocks.positions.flatten(), attend)  # [b*A*B, H]
@@ -405,6 +424,7 @@ class DFlashObjective:
         gamma: float,
         max_length: int,
         block_attention: str = "split",
+        batch_size: int = 1,
         selector_weight: float = 1.0,
         selector_stop_gradient: bool = False,
     ):
@@ -414,7 +434,12 @@ class DFlashObjective:
         self.labels = labels
         self.gamma = gamma
         self.max_length = max_length  # the anchors' random rows are this long (`sample_anchors`)
-        self.block_attention = block_attention  # resolved: "split" or "dense"
+        self.block_attention = block_attention  # resolved: "split", "flex" or "dense"
+        self.flex_shapes = None  # "flex": every batch padded to the run's largest, one compile
+        if block_attention == "flex":
+            self.flex_shapes = flex_attention.FlexShapes.for_run(
+                batch_size, max_length, num_anchors, block_size
+            )
         self.selector_weight = selector_weight  # DFlash2: its selector's loss beside the head's
         self.selector_stop_gradient = selector_stop_gradient
 
@@ -443,7 +468,9 @@ class DFlashObjective:
             mask_token_id=self.mask_token_id,
             labels=self.labels,
         )
-        hidden = draft_hidden(draft, target, target_out, blocks, mode=self.block_attention)
+        hidden = draft_hidden(
+            draft, target, target_out, blocks, mode=self.block_attention, flex_shapes=self.flex_shapes
+        )
         weights = loss_weights(self.block_size, self.gamma, hidden.device)
         selector = None
         if getattr(draft, "candidate_selector", None) is not None:
