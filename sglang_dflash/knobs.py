@@ -12,6 +12,9 @@ Serving choices (documented for users in docs/):
   SGLANG_DFLASH_WIDTH1_FORWARD=decode|verify
                                           how a step without draft runs the target
                                           (`width/step.py`)
+  SGLANG_DFLASH_DEFERRED_INJECTION=0      steps without a draft inject their tokens' draft K/V
+                                          at once, not queued for one bulk injection before the
+                                          next draft (`draft/deferred_injection.py`)
   SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
   SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
                                           (`step_timer.py`, scripts/serving/step_phases.py)
@@ -58,6 +61,7 @@ ADAPTIVE_WIDTH_ENV = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
 WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
 DRAFT_GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"
+DEFERRED_INJECTION_ENV = "SGLANG_DFLASH_DEFERRED_INJECTION"
 STEP_TIMING_ENV = "SGLANG_DFLASH_STEP_TIMING"
 SKIP_DECODE_INJECTION_ENV = "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"
 SKIP_DRAFT_TRANSFER_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"
@@ -87,6 +91,7 @@ class Knobs:
     fair_slack: Optional[str] = None
     width1_forward: Optional[str] = None
     draft_graphs: Optional[str] = None
+    deferred_injection: bool = True
     step_timing: Optional[str] = None
     lilicorr_sampling: bool = True
     # Benchmark aid.
@@ -115,6 +120,7 @@ class Knobs:
             fair_slack=environ.get(FAIR_SLACK_ENV),
             width1_forward=environ.get(WIDTH1_FORWARD_ENV),
             draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
+            deferred_injection=environ.get(DEFERRED_INJECTION_ENV, "1") != "0",
             step_timing=environ.get(STEP_TIMING_ENV) or None,
             lilicorr_sampling=_lilicorr_sampling(environ),
             simulated_acceptance=_simulated_acceptance() if simulated else None,

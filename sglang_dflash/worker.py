@@ -12,7 +12,9 @@ One decode step, for a batch of bs requests with committed lengths `seq_lens`:
               mask, logit_bias, custom logit processors: `verify/verifier.py`), and logprobs taken from
               them for requests that ask.
   4. commit:  `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler.
-  5. inject:  the committed tokens' target features -> context K/V in the draft KV store.
+  5. inject:  the committed tokens' target features -> context K/V in the draft KV store
+              (at W = 1 queued, and injected in bulk before the next draft or extend:
+              `draft/deferred_injection.py`).
 
 Grammar-constrained requests (`propose/grammar.py`) get a mask for every verify row, and with
 grammar-aware proposals (on by default, `SGLANG_DFLASH_GRAMMAR_PROPOSALS=0` turns them off)
@@ -48,10 +50,11 @@ from sglang_dflash import IMPL_NAME, __version__
 from sglang_dflash.checkpoint.config import resolve_checkpoint_dir
 from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
+from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
-from sglang_dflash.propose.proposers import ProposalInputs, Proposals
+from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, Proposals
 from sglang_dflash.runtime import DraftRuntime
 from sglang_dflash.sglang import hidden_states
 from sglang_dflash.sglang.draft_context import DraftContextCheck
@@ -94,6 +97,17 @@ def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> 
     )
 
 
+def _offloads_draft_kv() -> bool:
+    """Whether cached slots are backed up to host memory (HiCache, or a PD decode engine's
+    retraction backup), and with them the draft's K/V."""
+    memory = get_memory()
+    return bool(
+        memory.enable_hierarchical_cache
+        or memory.enable_unified_cache_external_linker
+        or get_disagg().disaggregation_decode_retraction_backup == "host_pool"
+    )
+
+
 class DFlashWorker(BaseSpecWorker):
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         super().__init__()
@@ -126,6 +140,14 @@ class DFlashWorker(BaseSpecWorker):
             propose=self.knobs.grammar_proposals, vocab_size=self.runtime.vocab_size
         )
         self.returns_hidden_states = hidden_states.keep_final_hidden_states(runner.model)
+        self._why_not_deferred = why_not_deferred(
+            switched_off=not self.knobs.deferred_injection,
+            offloads=_offloads_draft_kv(),
+            disaggregation=str(get_disagg().disaggregation_mode),
+            anchors=isinstance(self.runtime.proposer, LiLiCorrProposer),
+        )
+        # Steps at W = 1 queue their tokens' features for one bulk injection; None: inject each step.
+        self.deferred = None if self._why_not_deferred else DeferredInjection(self.runtime.inject)
         # None unless the target is hybrid.
         self.linear_state = LinearStateCommit.for_target(runner, skip=self.knobs.skip_state_commit)
         self.sampling_mask_max_tokens = int(get_exec().features.sampling_mask_max_tokens)
@@ -141,6 +163,7 @@ class DFlashWorker(BaseSpecWorker):
             ("grammar_aware_proposals", self.grammar_window.propose),
             ("hidden_states", self.returns_hidden_states),
             ("linear_attention_state_commit", self.linear_state is not None),
+            ("width1_injection", f"off ({self._why_not_deferred})" if self.deferred is None else "deferred"),
         ]
         line = " ".join(f"{name}={value}" for name, value in fields)
         aids = "".join(f" [{aid}]" for aid in self.knobs.aids_on())
@@ -176,13 +199,7 @@ class DFlashWorker(BaseSpecWorker):
         target's host slots (SGLang's plan for a non-packed draft pool); the base class finds no
         draft runner here and would plan nothing."""
         plan = super()._build_hicache_draft_plan()  # also resets the target runner's MTP pools
-        memory = get_memory()
-        offloads = (
-            memory.enable_hierarchical_cache
-            or memory.enable_unified_cache_external_linker
-            or get_disagg().disaggregation_decode_retraction_backup == "host_pool"
-        )
-        if plan.mode != HiCacheDraftMode.NONE or not offloads or self.knobs.skip_draft_hicache:
+        if plan.mode != HiCacheDraftMode.NONE or not _offloads_draft_kv() or self.knobs.skip_draft_hicache:
             return plan
         return HiCacheDraftPlan(mode=HiCacheDraftMode.SIDECAR, device_pools=(self.runtime.kv_pool,))
 
@@ -253,6 +270,8 @@ class DFlashWorker(BaseSpecWorker):
         with self.timer.phase("inject"):
             # The injection must land in this step: the scheduler may insert these tokens into
             # the radix cache as soon as the step returns.
+            if self.deferred is not None:  # the queued writes first: slots may have been reused
+                self.deferred.flush()
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
             last_rows = None
             if self.runtime.anchors is not None:  # each request's last new token
@@ -284,6 +303,9 @@ class DFlashWorker(BaseSpecWorker):
             positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
             proposed = Proposals(candidates[:, 1:])  # [bs, 0]
         else:
+            if self.deferred is not None:
+                with self.timer.phase("inject"):
+                    self.deferred.flush()  # the draft reads the tokens committed at W = 1
             with self.timer.phase("draft"):
                 # [bs, W] x2, [bs, Bd, H]
                 block_ids, positions, block_hidden = self._draft(batch, width, host_lens, host_lens_exact)
@@ -360,13 +382,16 @@ class DFlashWorker(BaseSpecWorker):
                 last_rows = None
                 if self.runtime.anchors is not None:  # row b*W + commit_len - 1: the new last token
                     last_rows = torch.arange(bs, device=self.device) * width + commit_lens - 1
-                self.runtime.inject(
-                    logits_output.hidden_states,
-                    positions.reshape(-1),
-                    slots,
-                    last_rows,
-                    batch.req_pool_indices,
-                )
+                if width == 1 and self.deferred is not None:  # no draft reads it before a flush
+                    self.deferred.push(logits_output.hidden_states, positions.reshape(-1), slots)
+                else:
+                    self.runtime.inject(
+                        logits_output.hidden_states,
+                        positions.reshape(-1),
+                        slots,
+                        last_rows,
+                        batch.req_pool_indices,
+                    )
             hidden_states.hand_over(batch, logits_output)
         if self.trace_file is not None:
             self._trace(batch, seq_lens, host_lens, proposals)

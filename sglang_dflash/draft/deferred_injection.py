@@ -1,0 +1,82 @@
+"""`DeferredInjection`: the draft K/V of tokens committed without a draft, written late and in bulk.
+
+A decode step at verify width 1 runs no draft, so nothing reads the draft KV store until the
+next step that drafts. Such a step therefore queues its committed tokens' captured target
+features (one row per request) instead of injecting them, and the queue is injected in one call
+(one feature fusion and one K/V projection per draft layer for all its rows, instead of one set
+per step) before the store is read or written again:
+
+  * before a draft forward (a decode step at W > 1);
+  * before an extend's own injection: a slot freed by a finished request may be reused, and
+    the writes must land in the order they were committed, so the latest owner's wins;
+  * when the queue is full (`capacity` rows).
+
+E.g., 16 requests at W = 1 for 40 steps, capacity 512: steps 1-32 queue 16 rows each, step 33
+injects those 512 rows at once and queues its own, ..., and the first step with a draft
+injects the last 128 rows before drafting.
+
+Only where nothing else reads the store between steps; the worker decides once at start-up
+(`DFlashWorker._deferred_injection`) and says why in its start-up line.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+DEFAULT_CAPACITY = 512  # rows: 32 steps at batch 16
+
+
+class DeferredInjection:
+    def __init__(self, inject: Callable[..., None], capacity: int = DEFAULT_CAPACITY):
+        # inject(captured [T, C*H], positions [T], slots [T]): `DraftRuntime.inject`
+        self._inject = inject
+        self.capacity = capacity
+        self.rows = 0  # queued rows
+        self._captured: Optional[torch.Tensor] = None  # [capacity, C*H], at the first push
+        self._positions: Optional[torch.Tensor] = None  # [capacity] int64
+        self._slots: Optional[torch.Tensor] = None  # [capacity] int64
+
+    def push(self, captured: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Queue T committed tokens: captured [T, C*H], positions [T], slots [T]. Copied: the
+        captured rows may be a graph's output buffer, rewritten by the next replay."""
+        n = captured.shape[0]
+        if self.rows + n > self.capacity:
+            self.flush()
+        if n > self.capacity:
+            self._inject(captured, positions, slots)
+            return
+        if self._captured is None:
+            self._captured = captured.new_empty(self.capacity, captured.shape[1])
+            self._positions = torch.empty(self.capacity, dtype=torch.int64, device=captured.device)
+            self._slots = torch.empty(self.capacity, dtype=torch.int64, device=captured.device)
+        end = self.rows + n
+        self._captured[self.rows : end].copy_(captured)
+        self._positions[self.rows : end].copy_(positions)
+        self._slots[self.rows : end].copy_(slots)
+        self.rows = end
+
+    def flush(self) -> None:
+        """Inject every queued row, in the order queued."""
+        if self.rows:
+            n, self.rows = self.rows, 0
+            self._inject(self._captured[:n], self._positions[:n], self._slots[:n])
+
+
+def why_not_deferred(
+    *, switched_off: bool, offloads: bool, disaggregation: str, anchors: bool
+) -> Optional[str]:
+    """None if steps at W = 1 may defer their injection, else why not (for the start-up line).
+    `offloads`: HiCache (or a host pool) backs cached slots up between steps; `disaggregation`:
+    SGLang's mode ("null" when not PD); `anchors`: the draft keeps the last committed token's
+    features per request (LiLiCorr)."""
+    if switched_off:
+        return "SGLANG_DFLASH_DEFERRED_INJECTION=0"
+    if offloads:
+        return "the hierarchical cache backs slots up between steps"
+    if disaggregation != "null":
+        return f"a PD {disaggregation} engine"
+    if anchors:
+        return "the draft reads each request's last committed token (anchors)"
+    return None
