@@ -272,6 +272,7 @@ class DFlashWorker(BaseSpecWorker):
             # the radix cache as soon as the step returns.
             if self.deferred is not None:  # the queued writes first: slots may have been reused
                 self.deferred.flush()
+                self.deferred.take_flush_seconds()  # an extend's interval is not measured anyway
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
             last_rows = None
             if self.runtime.anchors is not None:  # each request's last new token
@@ -393,6 +394,8 @@ class DFlashWorker(BaseSpecWorker):
                         batch.req_pool_indices,
                     )
             hidden_states.hand_over(batch, logits_output)
+        if self.deferred is not None:  # its cost belongs to the steps that queued it
+            self.step_width.exclude(self.deferred.take_flush_seconds())
         if self.trace_file is not None:
             self._trace(batch, seq_lens, host_lens, proposals)
         self.timer.end_step(bs, width=width, probe=self.step_width.probing)

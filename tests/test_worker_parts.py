@@ -27,6 +27,7 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_FAIR_SLACK": "off",
         "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
         "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
+        "SGLANG_DFLASH_DEFERRED_INJECTION": "0",
         "SGLANG_DFLASH_STEP_TIMING": "steps.jsonl",
         "SGLANG_ENABLE_LILICORR_SAMPLING": "0",
         "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "1",
@@ -44,6 +45,7 @@ def test_every_knob_is_read_from_its_variable():
         fair_slack="off",
         width1_forward="decode",
         draft_graphs="0",
+        deferred_injection=False,
         step_timing="steps.jsonl",
         lilicorr_sampling=False,
         skip_decode_injection=True,
@@ -65,7 +67,7 @@ def test_every_knob_is_read_from_its_variable():
 def test_the_knobs_module_lists_every_variable_it_reads():
     """Each `*_ENV` name is documented in the module's docstring, one line each."""
     names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
-    assert len(names) == 15
+    assert len(names) == 16
     for name in names:
         assert name in knobs_module.__doc__, name
 
@@ -137,6 +139,24 @@ def test_the_policy_is_fed_only_steady_decode_intervals():
     assert seen == [COLD_DECODE_STEPS + 1, COLD_DECODE_STEPS + 2]  # the step after it is not fed
     width.choose(52, 0, [])
     assert seen[-1] == 51
+
+
+def test_a_bulk_injection_is_left_out_of_the_step_that_ran_it(monkeypatch):
+    """Seconds excluded during a step come off that step's interval only."""
+    from sglang_dflash.width import step as step_module
+
+    clock = iter(float(t) for t in range(0, 1000, 10))  # each step starts 10 s after the last
+    monkeypatch.setattr(step_module.time, "perf_counter", lambda: next(clock))
+    width = _width(adaptive_width="1")
+    seen = []
+    width.policy.observe_step = lambda bs, w, seconds, context: seen.append(seconds)
+    width.policy.choose = lambda bs, context, rids: 8
+    for _ in range(COLD_DECODE_STEPS + 1):
+        width.choose(4, 0, [])
+    width.exclude(2.5)  # this step flushed the queue
+    width.choose(4, 0, [])
+    width.choose(4, 0, [])
+    assert seen == [7.5, 10.0]
 
 
 def test_how_a_step_without_draft_runs_the_target():

@@ -21,6 +21,7 @@ Only where nothing else reads the store between steps; the worker decides once a
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional
 
 import torch
@@ -34,6 +35,7 @@ class DeferredInjection:
         self._inject = inject
         self.capacity = capacity
         self.rows = 0  # queued rows
+        self.flush_seconds = 0.0  # host time spent injecting, since the owner last took it
         self._captured: Optional[torch.Tensor] = None  # [capacity, C*H], at the first push
         self._positions: Optional[torch.Tensor] = None  # [capacity] int64
         self._slots: Optional[torch.Tensor] = None  # [capacity] int64
@@ -45,7 +47,7 @@ class DeferredInjection:
         if self.rows + n > self.capacity:
             self.flush()
         if n > self.capacity:
-            self._inject(captured, positions, slots)
+            self._timed(captured, positions, slots)
             return
         if self._captured is None:
             self._captured = captured.new_empty(self.capacity, captured.shape[1])
@@ -61,7 +63,18 @@ class DeferredInjection:
         """Inject every queued row, in the order queued."""
         if self.rows:
             n, self.rows = self.rows, 0
-            self._inject(self._captured[:n], self._positions[:n], self._slots[:n])
+            self._timed(self._captured[:n], self._positions[:n], self._slots[:n])
+
+    def take_flush_seconds(self) -> float:
+        """The host time spent injecting since the last call (for the width policy, which leaves
+        it out of the step that happened to flush: `StepWidth.exclude`)."""
+        seconds, self.flush_seconds = self.flush_seconds, 0.0
+        return seconds
+
+    def _timed(self, *args) -> None:
+        start = time.perf_counter()
+        self._inject(*args)
+        self.flush_seconds += time.perf_counter() - start
 
 
 def why_not_deferred(

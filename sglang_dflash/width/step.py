@@ -61,6 +61,7 @@ class StepWidth:
         # (start, bs, width, context, measured) of the last decode step; None after an extend or
         # idle step.
         self._last: Optional[tuple[float, int, int, int, bool]] = None
+        self._excluded = 0.0  # seconds of the last decode step that are not its own cost
         self._decode_steps = 0
 
     def describe(self) -> str:
@@ -71,6 +72,12 @@ class StepWidth:
     def probing(self) -> bool:
         """The width chosen last was a probe, chosen to measure it rather than as the best."""
         return self.policy is not None and self.policy.probing
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` of the current decode step out of its measured cost: the bulk
+        injection of tokens queued by earlier steps at W = 1 (`draft/deferred_injection.py`),
+        which is theirs, not this step's width's."""
+        self._excluded += seconds
 
     def not_decoding(self) -> None:
         """An extend or idle step ran: the interval across it is not a decode step's cost."""
@@ -89,11 +96,12 @@ class StepWidth:
         else:
             if self._last is not None and self._last[4]:
                 start, last_bs, last_width, last_context, _ = self._last
-                self.policy.observe_step(last_bs, last_width, now - start, last_context)
+                self.policy.observe_step(last_bs, last_width, now - start - self._excluded, last_context)
             width = self.policy.choose(bs, context, rids)
         self._decode_steps += 1
         measured = self._last is not None and self._decode_steps > COLD_DECODE_STEPS
         self._last = (now, bs, width, context, measured)
+        self._excluded = 0.0
         if self.metrics is not None:
             self.metrics.observe_width(width)
         return width
