@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -93,6 +95,89 @@ def test_it_offers_every_name_sglangs_cuda_path_imports_and_refuses_the_rest(vie
     result = gpu_machine.run(view, code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "sglang-dflash's FlashInfer stand-in, not sgl-kernel" in result.stderr  # labelled
+
+
+def registry_targets(sglang: pathlib.Path) -> set[str]:
+    """The sgl_kernel names SGLang's kernel registry loads on CUDA (`KernelSpec(target=
+    "sgl_kernel:<name>")`, those not limited to HIP)."""
+    names = set()
+    for path in (sglang / "kernels").rglob("*.py"):
+        for spec in path.read_text().split("KernelSpec(")[1:]:
+            spec = spec.split("\n)")[0]
+            found = re.search(r'target="sgl_kernel:(\w+)"', spec)
+            if found and "capabilities=_HIP" not in spec:
+                names.add(found.group(1))
+    return names
+
+
+def test_it_offers_every_name_sglangs_kernel_registry_loads_on_cuda(view):
+    """The registry resolves "sgl_kernel:<name>" with getattr at the first call, which the
+    import-time check above does not see."""
+    sglang = pathlib.Path(pytest.importorskip("sglang").__file__).parent
+    names = registry_targets(sglang)
+    assert "moe_align_block_size" in names
+    code = "import sgl_kernel\n" + "".join(f"sgl_kernel.{name}\n" for name in sorted(names))
+    result = gpu_machine.run(view, code)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _load_moe():
+    path = gpu_machine.STANDIN / "sgl_kernel" / "moe.py"
+    spec = importlib.util.spec_from_file_location("standin_moe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _align_by_loop(topk_ids: list[int], buckets: int, block: int):
+    """sgl-kernel's moe_align_block_size by its definition (+1 offset, ascending in a bucket)."""
+    n = len(topk_ids)
+    sorted_ids, experts = [], []
+    for b in range(buckets):
+        mine = [i for i, e in enumerate(topk_ids) if e + 1 == b]
+        padded = -(-len(mine) // block) * block
+        sorted_ids += mine + [n] * (padded - len(mine))
+        experts += [b - 1] * (padded // block)
+    return sorted_ids, experts
+
+
+@pytest.mark.parametrize(
+    "tokens, top_k, experts, block", [(2, 2, 2, 2), (37, 8, 16, 16), (5, 4, 64, 64), (300, 2, 8, 32)]
+)
+def test_moe_align_block_size_matches_its_definition(tokens, top_k, experts, block):
+    """On CPU tensors, buffers sized as SGLang sizes them, ids -1 (filtered by expert
+    parallelism) among them; the docstring's example first."""
+    moe = _load_moe()
+    gen = torch.Generator().manual_seed(tokens)
+    if tokens == 2:
+        topk = torch.tensor([[1, 0], [1, -1]], dtype=torch.int32)
+    else:
+        topk = torch.randint(-1, experts, (tokens, top_k), generator=gen, dtype=torch.int32)
+    buckets, numel = experts + 1, topk.numel()
+    size = numel * block if numel < buckets else numel + buckets * (block - 1)
+    size = (size + 3) // 4 * 4
+    sorted_ids = torch.full((size,), -7, dtype=torch.int32)
+    expert_ids = torch.full((-(-size // block),), -7, dtype=torch.int32)
+    total, cumsum = torch.zeros(1, dtype=torch.int32), torch.zeros(buckets + 1, dtype=torch.int32)
+    moe.moe_align_block_size(topk, buckets, block, sorted_ids, expert_ids, total, cumsum, True)
+    want_sorted, want_experts = _align_by_loop(topk.flatten().tolist(), buckets, block)
+    if tokens == 2:
+        assert (want_sorted, want_experts) == ([3, 4, 1, 4, 0, 2], [-1, 0, 1])
+    assert int(total) == len(want_sorted) == int(cumsum[-1])
+    assert sorted_ids[: len(want_sorted)].tolist() == want_sorted
+    assert (sorted_ids[len(want_sorted) :] == numel).all()  # the rest padded too
+    assert expert_ids[: len(want_experts)].tolist() == want_experts
+    assert (expert_ids[len(want_experts) :] == -7).all()  # blocks past the total left alone
+    with pytest.raises(NotImplementedError, match="ignore_invalid_expert"):
+        moe.moe_align_block_size(topk, buckets, block, sorted_ids, expert_ids, total, cumsum, True, True)
+
+
+def test_moe_sum_reduce_sums_the_top_k_and_scales():
+    moe = _load_moe()
+    x = torch.randn(40, 8, 64, dtype=torch.bfloat16)
+    out = torch.empty(40, 64, dtype=torch.bfloat16)
+    moe.moe_sum_reduce(x, out, 2.5)
+    torch.testing.assert_close(out, (x.float().sum(1) * 2.5).to(torch.bfloat16))
 
 
 def test_a_name_imported_but_not_provided_raises_naming_itself_when_called(view):
@@ -204,3 +289,41 @@ def test_weak_ref_tensor_aliases_without_owning(standin):
     t.add_(1)
     torch.testing.assert_close(weak, t)
     assert standin.weak_ref_tensor(3) == 3
+
+
+@pytest.mark.gpu
+def test_moe_align_block_size_matches_sglangs_reference_inside_a_cuda_graph(standin):
+    """Against SGLang's Triton reference (no +1 offset: it is given ids + 1), each block holding
+    the same flat indices; captured in a CUDA graph and replayed on other ids."""
+    from sglang.test.kernels.moe_align import moe_align_block_size_triton
+
+    tokens, top_k, experts, block = 300, 8, 16, 16
+    buckets = experts + 1
+    size = tokens * top_k + buckets * (block - 1)
+    size = (size + 3) // 4 * 4
+
+    def buffers():
+        return (
+            torch.empty(size, dtype=torch.int32, device="cuda"),
+            torch.full((-(-size // block),), -7, dtype=torch.int32, device="cuda"),
+            torch.empty(1, dtype=torch.int32, device="cuda"),
+        )
+
+    ids = torch.randint(-1, experts, (tokens, top_k), dtype=torch.int32, device="cuda")
+    got = buffers()
+    cumsum = torch.empty(buckets + 1, dtype=torch.int32, device="cuda")
+    standin.moe_align_block_size(ids, buckets, block, *got, cumsum, True)  # warm-up, eager
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        standin.moe_align_block_size(ids, buckets, block, *got, cumsum, True)
+    ids.copy_(torch.randint(-1, experts, (tokens, top_k), dtype=torch.int32, device="cuda"))
+    graph.replay()
+    want = buffers()
+    want[0].fill_(tokens * top_k)
+    moe_align_block_size_triton(ids + 1, buckets, block, *want)
+    total = int(want[2])
+    assert int(got[2]) == total
+    assert torch.equal(got[1][: total // block], want[1][: total // block] - 1)
+    torch.testing.assert_close(
+        got[0][:total].view(-1, block).sort(-1).values, want[0][:total].view(-1, block).sort(-1).values
+    )

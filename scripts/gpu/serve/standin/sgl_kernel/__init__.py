@@ -8,8 +8,11 @@ CUDA graph) imports a few dozen sgl_kernel names and calls a handful. This packa
   `fused_add_rmsnorm`, Gemma's two norms, `silu_and_mul`, `gelu_and_mul`, `gelu_tanh_and_mul`,
   `top_k_renorm_prob(s)`, `top_p_renorm_prob(s)`, `merge_state_v2`; and `weak_ref_tensor`
   (a non-owning alias, compiled on first use with the machine's C++ compiler);
-* the names SGLang imports and never calls there (quantized GEMMs, MoE sums, HiCache
-  transfers, GGUF): importable, and each raises NotImplementedError naming itself if called;
+* the MoE runner's `moe_align_block_size` (through SGLang's kernel registry) and
+  `moe_sum_reduce`, in PyTorch (`moe.py`);
+* the names SGLang imports, or its kernel registry names, and never calls there (quantized
+  GEMMs, `moe_sum`, DeepSeek's fused A GEMM, HiCache transfers, GGUF): importable, and each
+  raises NotImplementedError naming itself if called;
 * nothing else: any other name or submodule (`allreduce`, `flash_attn`, `scalar_type`, ...) is
   an ImportError, so SGLang's guarded imports take their non-sgl_kernel path.
 
@@ -140,6 +143,9 @@ def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
     return v, s
 
 
+from sgl_kernel.moe import moe_align_block_size, moe_sum_reduce  # noqa: E402,F401
+
+
 def weak_ref_tensor(tensor):
     """A tensor on `tensor`'s memory that does not keep it alive (at::from_blob, no deleter), as
     sgl-kernel's; anything else passes through."""
@@ -154,6 +160,6 @@ def weak_ref_tensor(tensor):
 
 # ---- imported on the dense CUDA path, never called there --------------------------------
 
-for _name in ("int8_scaled_mm", "moe_sum", "moe_sum_reduce"):
+for _name in ("int8_scaled_mm", "moe_sum", "dsv3_fused_a_gemm"):
     globals()[_name] = _unsupported(_name)
 del _name
