@@ -37,6 +37,8 @@ Test aids; each switches a feature off so that a test can show it notices:
   SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT=1        hybrid targets keep the linear-attention state of
                                                 the whole verify window (`sglang/linear_state.py`)
   SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
+  SGLANG_DFLASH_TEST_WIDTHS=w1,w2,...           decode steps take these verify widths in turn
+                                                (each at most B), whatever the policy
 
 Debugging aids:
 
@@ -68,6 +70,7 @@ SKIP_DRAFT_TRANSFER_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"
 SKIP_DRAFT_HICACHE_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE"
 SKIP_STATE_COMMIT_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"
 WIDTH1_STEPS_ENV = "SGLANG_DFLASH_TEST_WIDTH1_STEPS"
+WIDTHS_ENV = "SGLANG_DFLASH_TEST_WIDTHS"
 CHECK_RANKS_ENV = "SGLANG_DFLASH_CHECK_RANKS"
 TRACE_PROPOSALS_ENV = "SGLANG_DFLASH_TRACE_PROPOSALS"
 LILICORR_SAMPLING_ENV = "SGLANG_ENABLE_LILICORR_SAMPLING"
@@ -102,6 +105,7 @@ class Knobs:
     skip_draft_hicache: bool = False
     skip_state_commit: bool = False
     width1_steps: int = 0
+    widths: tuple[int, ...] = ()
     # Debugging aids.
     check_ranks: bool = False
     trace_proposals: Optional[str] = None
@@ -129,6 +133,7 @@ class Knobs:
             skip_draft_hicache=on(SKIP_DRAFT_HICACHE_ENV),
             skip_state_commit=on(SKIP_STATE_COMMIT_ENV),
             width1_steps=int(environ.get(WIDTH1_STEPS_ENV, "0")),
+            widths=tuple(int(w) for w in environ.get(WIDTHS_ENV, "").split(",") if w.strip()),
             check_ranks=on(CHECK_RANKS_ENV),
             trace_proposals=environ.get(TRACE_PROPOSALS_ENV) or None,
         )
@@ -141,6 +146,7 @@ class Knobs:
             (self.skip_draft_hicache, "test: draft K/V left out of HiCache"),
             (self.skip_state_commit, "test: linear-attention state commit OFF"),
             (self.width1_steps > 0, f"test: no draft for the first {self.width1_steps} decode steps"),
+            (bool(self.widths), f"test: verify widths {list(self.widths)} in turn"),
             (self.check_ranks, "checking that tensor-parallel ranks agree each step"),
             (self.trace_proposals is not None, f"tracing proposals to {self.trace_proposals}"),
         ]

@@ -76,6 +76,15 @@ def test_never_accepted_drafts_turn_speculation_off(tiny, tmp_path, monkeypatch,
     assert all("draft" in s["phases"] for s in steps if s["width"] > 1)
 
 
+def test_every_width_in_turn_is_lossless(tiny, tmp_path, monkeypatch, reference):
+    """Decode steps forced through every width 1..B in turn (SGLANG_DFLASH_TEST_WIDTHS): greedy
+    outputs equal the plain engine's, and every width ran."""
+    cycle = {"SGLANG_DFLASH_TEST_WIDTHS": "1,2,3,4,5,6,7,8"}
+    out, steps = run_engine(tiny, tmp_path, monkeypatch, cycle, "every-width")
+    assert out == reference
+    assert {s["width"] for s in steps} == set(range(1, 9)), trace(steps)
+
+
 def test_fixed_width_switch(tiny, tmp_path, monkeypatch, reference):
     """SGLANG_DFLASH_ADAPTIVE_WIDTH=0 verifies the full width every step (and is lossless)."""
     out, steps = run_engine(tiny, tmp_path, monkeypatch, {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0"}, "fixed")

@@ -2,7 +2,7 @@
 
 * The sampling distribution over the first generated positions equals the target's (a
   two-sample chi-square test on a flat, high-entropy tiny target), also under a grammar, where
-  every sample must match it.
+  every sample must match it; the DFLASH engine takes every verify width 1..4 in turn.
 * Greedy requests with penalties, min_new_tokens and logit_bias stay token-identical.
 * Greedy requests stay token-identical when they share batches with sampled ones.
 * A request's `sampling_seed` gives the same tokens run after run.
@@ -10,6 +10,9 @@
 The non-speculative reference runs with overlap scheduling off: in SGLang 0.5.23 its overlap
 path applies output penalties one token late.
 """
+
+import os
+from unittest import mock
 
 import pytest
 
@@ -94,7 +97,9 @@ def dflash(tiny, reference):
     def sample_and_seed(engine):  # and the seeded requests, on the same engine
         return dict(_sample(engine), seeded=_seeded_twice(engine))
 
-    samples = _with_engine(sample_and_seed, tiny.target("flat"), tiny.draft("a"), 4)
+    # Every width 1..4 in turn, so the samples hold every width's verify.
+    with mock.patch.dict(os.environ, {"SGLANG_DFLASH_TEST_WIDTHS": "1,2,3,4"}):
+        samples = _with_engine(sample_and_seed, tiny.target("flat"), tiny.draft("a"), 4)
     greedy = _with_engine(_greedy, *tiny.pair("a"), 4)
     return dict(greedy, **samples)
 

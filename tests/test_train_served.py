@@ -82,3 +82,30 @@ def test_the_trainer_logs_tau_served_and_warns_when_it_lags(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         record = trainer._evaluations(metrics)
     assert record["tau_served"] == 1.0 and "served acceptance 1.00 is below" in caplog.text
+
+
+def test_narrow_verify_windows_stay_lossless_either_way_of_drafting():
+    """`verify_width` below the block: drafting the whole block or only the window, the output is
+    the same greedy continuation as full-width decoding, in steps of at most W tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = tiny_pair()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    config = DFlashDraftConfig.from_pretrained(draft_dir)
+    layer_ids = config.target_layer_ids
+    draft = DFlashDraftModel.from_pretrained(draft_dir, config, len(layer_ids))
+    ids = AutoTokenizer.from_pretrained(target_dir)(tiny_pair_prompts()[0]).input_ids[-48:]
+    full = speculative_generate(draft, target, layer_ids, ids, NEW_TOKENS, config.mask_token_id)
+    for full_block in (True, False):
+        narrow = speculative_generate(
+            draft,
+            target,
+            layer_ids,
+            ids,
+            NEW_TOKENS,
+            config.mask_token_id,
+            verify_width=3,
+            full_block=full_block,
+        )
+        assert narrow.output_ids == full.output_ids
+        assert max(narrow.committed) <= 3 < max(full.committed)

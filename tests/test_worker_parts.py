@@ -35,6 +35,7 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE": "1",
         "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT": "1",
         "SGLANG_DFLASH_TEST_WIDTH1_STEPS": "3",
+        "SGLANG_DFLASH_TEST_WIDTHS": "1,4, 2",
         "SGLANG_DFLASH_CHECK_RANKS": "1",
         "SGLANG_DFLASH_TRACE_PROPOSALS": "trace.jsonl",
     }
@@ -53,10 +54,11 @@ def test_every_knob_is_read_from_its_variable():
         skip_draft_hicache=True,
         skip_state_commit=True,
         width1_steps=3,
+        widths=(1, 4, 2),
         check_ranks=True,
         trace_proposals="trace.jsonl",
     )
-    assert len(got.aids_on()) == 7
+    assert len(got.aids_on()) == 8
     # Unset: the defaults, and no aid in the start-up line.
     assert Knobs.from_env({}, simulated=False) == Knobs()
     assert Knobs().aids_on() == []
@@ -67,7 +69,7 @@ def test_every_knob_is_read_from_its_variable():
 def test_the_knobs_module_lists_every_variable_it_reads():
     """Each `*_ENV` name is documented in the module's docstring, one line each."""
     names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
-    assert len(names) == 16
+    assert len(names) == 17
     for name in names:
         assert name in knobs_module.__doc__, name
 
@@ -121,6 +123,13 @@ def test_the_width_is_fixed_or_adaptive_as_chosen_at_start_up():
 def test_width1_steps_turn_the_draft_off_for_the_first_steps():
     width = _width(adaptive_width="0", width1_steps=2)
     assert [width.choose(1, 10, ["a"]) for _ in range(4)] == [1, 1, 8, 8]
+
+
+def test_forced_widths_are_taken_in_turn():
+    width = _width(widths=(1, 2, 8), width1_steps=1)
+    assert [width.choose(3, 10, ["a"] * 3) for _ in range(7)] == [1, 2, 8, 1, 2, 8, 1]
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_TEST_WIDTHS"):
+        _width(widths=(9,))
 
 
 def test_the_policy_is_fed_only_steady_decode_intervals():

@@ -17,6 +17,7 @@ Python loop per decoding step: this is an evaluation on a few prompts, not the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -43,13 +44,21 @@ def speculative_generate(
     prompt: list[int],
     max_new_tokens: int,
     mask_token_id: int,
+    *,
+    verify_width: Optional[int] = None,
+    full_block: bool = False,
 ) -> Served:
     """Greedy DFlash decoding of `prompt` with `draft` and the HF causal LM `target`: the
-    reference's tokens and steps (blocks of the draft's block size, shortened at the end)."""
+    reference's tokens and steps (blocks of the draft's block size, shortened at the end).
+
+    `verify_width` W (default the block size B): verify windows of W tokens. The draft then
+    runs over the W rows it proposes for, or with `full_block` over its whole block of B (as
+    serving does at every width), the window being its first W rows."""
     from transformers import DynamicCache
 
     device = target.get_input_embeddings().weight.device
     block_size = draft.config.block_size
+    window = verify_width or block_size
     propose = proposer_for(draft, HFHead(target))
     limit = len(prompt) + max_new_tokens
     ids = torch.tensor([prompt], device=device)
@@ -61,13 +70,13 @@ def speculative_generate(
     committed = []
     start = len(prompt)  # position of the last committed token, the block's first
     while start + 1 < limit:
-        width = min(block_size, limit - start)
+        width = min(window, limit - start)
         block = torch.tensor(tokens[start : start + 1] + [mask_token_id] * (width - 1), device=device)
         positions = torch.arange(start, start + width, device=device)
         if width > 1:
             # A convolution runs over whole blocks (`GroupedConv`): such a draft runs its block
             # of B, as serving does, and the window is its first `width` rows.
-            drafted = block_size if draft.config.conv_kernel_size else width
+            drafted = block_size if draft.config.conv_kernel_size or full_block else width
             drafted_ids = torch.cat([block, block.new_full((drafted - width,), mask_token_id)])
             rows = torch.arange(start, start + drafted, device=device)
             embeds = target.get_input_embeddings()(drafted_ids)

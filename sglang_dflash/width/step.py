@@ -58,6 +58,9 @@ class StepWidth:
         )
         self.metrics = metrics  # DFlashMetrics or None: the chosen widths' histogram
         self._width1_steps = knobs.width1_steps  # test aid: no draft for the first N decode steps
+        if any(not 1 <= w <= num_draft_tokens for w in knobs.widths):
+            raise ValueError(f"SGLANG_DFLASH_TEST_WIDTHS: each width must be in 1..{num_draft_tokens}")
+        self._widths = knobs.widths  # test aid: these widths in turn, whatever the policy
         # (start, bs, width, context, measured) of the last decode step; None after an extend or
         # idle step.
         self._last: Optional[tuple[float, int, int, int, bool]] = None
@@ -91,6 +94,8 @@ class StepWidth:
         if self._width1_steps > 0:
             self._width1_steps -= 1
             width = 1
+        elif self._widths:
+            width = self._widths[self._decode_steps % len(self._widths)]
         elif self.policy is None:
             width = self.num_draft_tokens
         else:
