@@ -11,6 +11,8 @@ Modules, one noun each:
   * `data`       : `Example`s from .txt / .jsonl files, and padded batches.
   * `regenerate` : the optional step that rewrites responses with the target itself.
   * `mask`       : the block-wise attention mask over many anchored blocks.
+  * `split_attention`, `flex_attention` : that attention without the masked cross-block
+                   scores: split by log-sum-exp (CPU), or FlexAttention's skipped tiles (CUDA).
   * `objective`  : anchors, the draft forward over all blocks, the decayed loss, `Metrics`.
   * `selector`   : DFlash2's selector loss, its gold insertion and walk metrics.
   * `checkpoint` : save / resume of the training state.
