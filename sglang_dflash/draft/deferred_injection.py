@@ -16,7 +16,7 @@ injects those 512 rows at once and queues its own, ..., and the first step with 
 injects the last 128 rows before drafting.
 
 Only where nothing else reads the store between steps; the worker decides once at start-up
-(`DFlashWorker._deferred_injection`) and says why in its start-up line.
+(`why_not_deferred`) and says why in its start-up line.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class DeferredInjection:
         self._inject = inject
         self.capacity = capacity
         self.rows = 0  # queued rows
-        self.flush_seconds = 0.0  # host time spent injecting, since the owner last took it
+        self._flush_seconds = 0.0  # host time spent injecting, since the owner last took it
         self._captured: Optional[torch.Tensor] = None  # [capacity, C*H], at the first push
         self._positions: Optional[torch.Tensor] = None  # [capacity] int64
         self._slots: Optional[torch.Tensor] = None  # [capacity] int64
@@ -68,13 +68,13 @@ class DeferredInjection:
     def take_flush_seconds(self) -> float:
         """The host time spent injecting since the last call (for the width policy, which leaves
         it out of the step that happened to flush: `StepWidth.exclude`)."""
-        seconds, self.flush_seconds = self.flush_seconds, 0.0
+        seconds, self._flush_seconds = self._flush_seconds, 0.0
         return seconds
 
     def _timed(self, *args) -> None:
         start = time.perf_counter()
         self._inject(*args)
-        self.flush_seconds += time.perf_counter() - start
+        self._flush_seconds += time.perf_counter() - start
 
 
 def why_not_deferred(

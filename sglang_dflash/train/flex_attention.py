@@ -143,10 +143,9 @@ def tile_mask(
     some = some.unflatten(1, (-1, TILE)).any(2)  # [rows, QT, S / TILE]
     every = every.unflatten(1, (-1, TILE)).all(2)
 
-    q0 = torch.arange(0, nq, TILE, device=device)  # [QT]
+    q0 = torch.arange(0, nq, TILE, device=device)  # [QT]: query tiles, and block-key tiles alike
     first, last = (q0 // bsz) * bsz, ((q0 + TILE - 1) // bsz + 1) * bsz  # own blocks' keys
-    u0 = torch.arange(0, nq, TILE, device=device)  # block-key tiles [QT]
-    own = (first[:, None] < u0 + TILE) & (u0 < last[:, None])  # [QT, QT]
+    own = (first[:, None] < q0 + TILE) & (q0 < last[:, None])  # [QT (queries), QT (block keys)]
     own = own.expand(rows, -1, -1)
     return torch.cat([some, own], 2), torch.cat([every, torch.zeros_like(own)], 2)
 
