@@ -16,6 +16,9 @@ Serving choices (documented for users in docs/):
                                           at once, not queued for one bulk injection before the
                                           next draft (`draft/deferred_injection.py`)
   SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
+  SGLANG_DFLASH_VERIFY_GRAPHS=0           no verify graphs below the full width on CUDA (narrow
+                                          steps eager; the width then fixed unless
+                                          SGLANG_DFLASH_ADAPTIVE_WIDTH=1; `width/verify_widths.py`)
   SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
                                           (`step_timer.py`, scripts/serving/step_phases.py)
   SGLANG_ENABLE_LILICORR_SAMPLING=0|1     SGLang's switch: 0 walks LiLiCorr's lattice greedily
@@ -39,6 +42,9 @@ Test aids; each switches a feature off so that a test can show it notices:
   SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
   SGLANG_DFLASH_TEST_WIDTHS=w1,w2,...           decode steps take these verify widths in turn
                                                 (each at most B), whatever the policy
+  SGLANG_DFLASH_VERIFY_GRAPHS=eager             each verify width's own attention backend,
+                                                without graphs, on any device (the CPU
+                                                rehearsal of the per-width swap)
 
 Debugging aids:
 
@@ -63,6 +69,7 @@ ADAPTIVE_WIDTH_ENV = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
 WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
 DRAFT_GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"
+VERIFY_GRAPHS_ENV = "SGLANG_DFLASH_VERIFY_GRAPHS"
 DEFERRED_INJECTION_ENV = "SGLANG_DFLASH_DEFERRED_INJECTION"
 STEP_TIMING_ENV = "SGLANG_DFLASH_STEP_TIMING"
 SKIP_DECODE_INJECTION_ENV = "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"
@@ -94,6 +101,7 @@ class Knobs:
     fair_slack: Optional[str] = None
     width1_forward: Optional[str] = None
     draft_graphs: Optional[str] = None
+    verify_graphs: Optional[str] = None
     deferred_injection: bool = True
     step_timing: Optional[str] = None
     lilicorr_sampling: bool = True
@@ -124,6 +132,7 @@ class Knobs:
             fair_slack=environ.get(FAIR_SLACK_ENV),
             width1_forward=environ.get(WIDTH1_FORWARD_ENV),
             draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
+            verify_graphs=environ.get(VERIFY_GRAPHS_ENV),
             deferred_injection=environ.get(DEFERRED_INJECTION_ENV, "1") != "0",
             step_timing=environ.get(STEP_TIMING_ENV) or None,
             lilicorr_sampling=_lilicorr_sampling(environ),
@@ -147,6 +156,7 @@ class Knobs:
             (self.skip_state_commit, "test: linear-attention state commit OFF"),
             (self.width1_steps > 0, f"test: no draft for the first {self.width1_steps} decode steps"),
             (bool(self.widths), f"test: verify widths {list(self.widths)} in turn"),
+            (self.verify_graphs == "eager", "test: per-width verify backends without graphs"),
             (self.check_ranks, "checking that tensor-parallel ranks agree each step"),
             (self.trace_proposals is not None, f"tracing proposals to {self.trace_proposals}"),
         ]

@@ -9,7 +9,8 @@ scheduler process; each step then appends one JSON line to `<path>`:
 
 `counts` (when any) are events counted in the step: `target_attention_plans`, how many times the
 target's attention backend planned (`init_forward_metadata`, or on a CUDA-graph replay
-`init_forward_metadata_out_graph`; a plan that calls the other counts once).
+`init_forward_metadata_out_graph`; a plan that calls the other counts once), and with a
+backend per verify width, `target_attention_plans_w<W>` those of width W's own backend.
 `width` is the step's verify width (decode steps; 1 = no draft) and `probe` whether the width
 policy chose it to measure it rather than as the best (`width/policy.py`). `t_start` / `t_end` are
 `time.perf_counter()` seconds at the first phase's start and the last phase's end; `phases` are
@@ -102,13 +103,18 @@ class StepTimer:
 
         return wrapper
 
-    def count_attention_plans(self, backend) -> None:
-        """Count the target's attention plans (eager and graphed) in each step's record."""
+    def count_attention_plans(self, backend, width: Optional[int] = None) -> None:
+        """Count the target's attention plans (eager and graphed) in each step's record; those
+        of a verify width's own backend (`width/verify_widths.py`) also under
+        `target_attention_plans_w<width>`."""
         if not self.enabled:
             return
         for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):
             if hasattr(backend, method):
-                setattr(backend, method, self.counted(getattr(backend, method), "target_attention_plans"))
+                fn = getattr(backend, method)
+                if width is not None:
+                    fn = self.counted(fn, f"target_attention_plans_w{width}")
+                setattr(backend, method, self.counted(fn, "target_attention_plans"))
 
     def end_step(
         self, batch_size: int, kind: str = "decode", width: Optional[int] = None, probe: bool = False

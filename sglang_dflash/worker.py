@@ -32,6 +32,7 @@ knobs are read once (`knobs.py`). See docs/architecture.md ("How it works").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Optional
@@ -67,6 +68,7 @@ from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.verify.acceptance import simulated_acceptance
 from sglang_dflash.verify.sampling_mask import sampling_mask_output
 from sglang_dflash.width.step import StepWidth
+from sglang_dflash.width.verify_runners import cost_table, verify_widths_for
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +153,7 @@ class DFlashWorker(BaseSpecWorker):
         # None unless the target is hybrid.
         self.linear_state = LinearStateCommit.for_target(runner, skip=self.knobs.skip_state_commit)
         self.sampling_mask_max_tokens = int(get_exec().features.sampling_mask_max_tokens)
+        self.verify_widths = None  # the target's backend and graphs per verify width (start-up)
         self.check_ranks = self.tp.size > 1 and self.knobs.check_ranks
         self.timer = StepTimer(self.knobs.step_timing, self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
         self.trace_file = open(self.knobs.trace_proposals, "a") if self.knobs.trace_proposals else None
@@ -223,10 +226,21 @@ class DFlashWorker(BaseSpecWorker):
         )
 
     def init_cuda_graphs(self):
-        """SGLang's last start-up hook, after the target's attention backends and graphs: warm
-        the draft step up, capture its CUDA graphs, and with step timing on, count the target's
-        attention plans."""
+        """SGLang's last start-up hook, after the target's attention backends and graphs: the
+        target's verify backends and graphs at the narrower widths, the draft step's warm-up
+        and CUDA graphs, the width policy's start-up costs, and with step timing on, the count
+        of the target's attention plans."""
+        self.verify_widths, described = verify_widths_for(
+            self.model_runner, self.num_draft_tokens, self.knobs.verify_graphs, self.tp.size
+        )
         self.timer.count_attention_plans(self.model_runner.attn_backend)
+        if self.verify_widths is not None:
+            for width, pair in self.verify_widths.pairs.items():
+                self.timer.count_attention_plans(pair.attn_backend, width)
+            if self.verify_widths.graphed:  # SGLang's start-up accounting, as EAGLE's adaptive
+                pairs = self.verify_widths.pairs.values()
+                self._additional_graph_memory_usage["target_verify"] = sum(p.gigabytes for p in pairs)
+                self._additional_graph_time_usage["target_verify"] = sum(p.seconds for p in pairs)
         req_to_token = self.req_to_token_pool.req_to_token
         self.runtime.warm_up(req_to_token)
         captured = self.runtime.capture_graphs(self.model_runner, req_to_token, self.knobs.draft_graphs)
@@ -235,6 +249,16 @@ class DFlashWorker(BaseSpecWorker):
             used_gb, seconds = captured
             self._additional_graph_memory_usage["draft_decode"] = used_gb
             self._additional_graph_time_usage["draft_decode"] = seconds
+        if self.verify_widths is not None:
+            table, costs = None, "learnt online"
+            if self.verify_widths.graphed:
+                draft_graphs = {size: g.graph for size, g in self.runtime.step.graphs.items()}
+                table, costs = cost_table(self.model_runner, self.verify_widths, draft_graphs)
+            self.step_width.use_verify_widths(self.verify_widths.widths, self.verify_widths.graphed, table)
+            described += f"; step costs: {costs}"
+        logger.info(
+            "DFLASH verify backends per width: %s; verify_width=%s", described, self.step_width.describe()
+        )
 
     def server_info(self) -> str:
         return f"{IMPL_NAME} {__version__}"
@@ -341,7 +365,8 @@ class DFlashWorker(BaseSpecWorker):
             if decoded:
                 verified = decode_forward(self.target_worker, batch, candidates, verify_slots)
             else:
-                verified = verify_forward(self.target_worker, batch, candidates, positions, verify_slots)
+                with self._verify_backend(width):
+                    verified = verify_forward(self.target_worker, batch, candidates, positions, verify_slots)
             logits_output = verified.logits_output
 
         with self.timer.phase("accept"):
@@ -398,6 +423,7 @@ class DFlashWorker(BaseSpecWorker):
             self.step_width.exclude(self.deferred.take_flush_seconds())
         if self.trace_file is not None:
             self._trace(batch, seq_lens, host_lens, proposals)
+        self.step_width.end_step()
         self.timer.end_step(bs, width=width, probe=self.step_width.probing)
 
         return GenerationBatchResult(
@@ -432,6 +458,12 @@ class DFlashWorker(BaseSpecWorker):
             host_lens_exact,
         )
         return block_ids[:, :width], block_positions[:, :width], hidden
+
+    def _verify_backend(self, width: int):
+        """The target's attention backend and graph runner of this width, for its verify."""
+        if self.verify_widths is None:
+            return contextlib.nullcontext()
+        return self.verify_widths.active(width)
 
     def _forward_idle(self, on_publish) -> GenerationBatchResult:
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)

@@ -85,6 +85,22 @@ def test_every_width_in_turn_is_lossless(tiny, tmp_path, monkeypatch, reference)
     assert {s["width"] for s in steps} == set(range(1, 9)), trace(steps)
 
 
+def test_per_width_backends_are_lossless(tiny, tmp_path, monkeypatch, reference):
+    """Each verify width with its own attention backend, swapped in around its verify
+    (SGLANG_DFLASH_VERIFY_GRAPHS=eager: the CPU rehearsal of the per-width CUDA graphs), the
+    steps forced through the widths that get one, {1, 2, 4, 8} for B = 8: greedy outputs equal
+    the plain engine's, and each narrower step planned its attention on its own width's
+    backend, the full width on SGLang's."""
+    env = {"SGLANG_DFLASH_VERIFY_GRAPHS": "eager", "SGLANG_DFLASH_TEST_WIDTHS": "1,2,4,8"}
+    out, steps = run_engine(tiny, tmp_path, monkeypatch, env, "per-width")
+    assert out == reference
+    assert {s["width"] for s in steps} == {1, 2, 4, 8}, trace(steps)
+    for s in steps:
+        own = {name: n for name, n in s["counts"].items() if name.startswith("target_attention_plans_w")}
+        assert s["counts"]["target_attention_plans"] == 1
+        assert own == ({} if s["width"] == 8 else {f"target_attention_plans_w{s['width']}": 1}), s
+
+
 def test_fixed_width_switch(tiny, tmp_path, monkeypatch, reference):
     """SGLANG_DFLASH_ADAPTIVE_WIDTH=0 verifies the full width every step (and is lossless)."""
     out, steps = run_engine(tiny, tmp_path, monkeypatch, {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0"}, "fixed")

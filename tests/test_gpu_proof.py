@@ -91,7 +91,8 @@ def test_a_background_child_is_timed_to_its_end_not_to_its_collection(tmp_path):
 @pytest.mark.sglang
 @pytest.mark.slow  # five servers, about 3 minutes: run it before a GPU session (--run-slow)
 def test_the_gpu_run_rehearses_on_cpu(tmp_path):
-    """The default step list (lossless, the race at 6.5, the draft-step benchmark) on SGLang's
+    """The default step list (lossless, lossless through every verify width's own backend, the
+    race at 6.5, the draft-step benchmark) on SGLang's
     CPU engine: the shipped trained pair for lossless, the tiny pair for the race; the pieces
     that need CUDA are skipped and say why."""
     out, state = tmp_path / "out", tmp_path / "state"
@@ -103,6 +104,7 @@ def test_the_gpu_run_rehearses_on_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     steps = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
     assert steps["lossless trained (overlap)"]["note"] == "lossless: identical"
+    assert steps["lossless trained (widths)"]["note"] == "lossless: identical"  # each width's backend
     for name in ("race-6.5 dflash", "race baseline"):
         assert steps[name]["status"] == "ok"
     assert "refuses the CPU" in steps["race-6.5 dflash-builtin"]["note"]

@@ -27,6 +27,7 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_FAIR_SLACK": "off",
         "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
         "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
+        "SGLANG_DFLASH_VERIFY_GRAPHS": "eager",
         "SGLANG_DFLASH_DEFERRED_INJECTION": "0",
         "SGLANG_DFLASH_STEP_TIMING": "steps.jsonl",
         "SGLANG_ENABLE_LILICORR_SAMPLING": "0",
@@ -46,6 +47,7 @@ def test_every_knob_is_read_from_its_variable():
         fair_slack="off",
         width1_forward="decode",
         draft_graphs="0",
+        verify_graphs="eager",
         deferred_injection=False,
         step_timing="steps.jsonl",
         lilicorr_sampling=False,
@@ -58,7 +60,7 @@ def test_every_knob_is_read_from_its_variable():
         check_ranks=True,
         trace_proposals="trace.jsonl",
     )
-    assert len(got.aids_on()) == 8
+    assert len(got.aids_on()) == 9
     # Unset: the defaults, and no aid in the start-up line.
     assert Knobs.from_env({}, simulated=False) == Knobs()
     assert Knobs().aids_on() == []
@@ -69,7 +71,7 @@ def test_every_knob_is_read_from_its_variable():
 def test_the_knobs_module_lists_every_variable_it_reads():
     """Each `*_ENV` name is documented in the module's docstring, one line each."""
     names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
-    assert len(names) == 17
+    assert len(names) == 18
     for name in names:
         assert name in knobs_module.__doc__, name
 

@@ -1,6 +1,7 @@
 """The GPU numbers from one command, in priority order, within a deadline (`make gpu-proof`).
 
-    python -m scripts.gpu.proof [--steps lossless,race-6.5,bench-draft-step] [--deadline 540]
+    python -m scripts.gpu.proof [--steps lossless,lossless-widths,race-6.5,bench-draft-step]
+                                [--deadline 540]
                                 [--bundle .gpu-bundle] [--state .gpu-bundle/state] [--out DIR]
                                 [--device cuda|cpu] [--lossless-pairs trained,random]
                                 [--lossless-runs overlap[,no-overlap]] [--race-concurrency 1,8,32]
@@ -20,6 +21,8 @@ are checked in the foreground. The steps, in the order given (default: priority 
                     `lossless-no-overlap` for off), greedy, FlashInfer, CUDA graphs including
                     the draft step's: the shipped trained pair, whose proposals are accepted,
                     and a random pair whose draft repeats a target layer (serve/lossless.py)
+  lossless-widths   the same, every decode step forced through the verify widths with a
+                    graph each, in turn (SGLANG_DFLASH_TEST_WIDTHS; width/verify_widths.py)
   race-<acc>        a Qwen3-8B-shaped target and its DFlash draft, dummy weights,
                     SGLANG_SIMULATE_ACC_LEN=<acc>: our DFLASH, SGLang's built-in, then no
                     speculation (once per state), at each concurrency for --race-seconds
@@ -61,8 +64,14 @@ sys.path.insert(0, ROOT)
 
 from scripts.gpu.serve import report  # noqa: E402
 
-DEFAULT_STEPS = "lossless,race-6.5,bench-draft-step"
-STEPS = ("lossless", "lossless-no-overlap", "bench-draft-step", "standin-tests")  # and race-<acc>
+DEFAULT_STEPS = "lossless,lossless-widths,race-6.5,bench-draft-step"
+STEPS = (
+    "lossless",
+    "lossless-widths",
+    "lossless-no-overlap",
+    "bench-draft-step",
+    "standin-tests",
+)  # race-<acc>
 # GPU tests that need SGLang's kit (the sgl_kernel stand-in): here, not in make gpu-check.
 STANDIN_TESTS = ("tests/test_sgl_kernel_standin.py",)
 RACE_SERVERS = ("dflash", "dflash-builtin", "baseline")  # ours, the built-in, no speculation
@@ -584,6 +593,8 @@ def main(argv=None) -> int:
             lossless(proof, args.lossless_runs, args.lossless_pairs)
         elif name == "lossless-no-overlap":
             lossless(proof, "no-overlap", args.lossless_pairs)
+        elif name == "lossless-widths":  # every verify width's graph in turn
+            lossless(proof, "widths", args.lossless_pairs)
         elif name.startswith("race-"):
             race(proof, name.removeprefix("race-"), args)
         elif name == "standin-tests":

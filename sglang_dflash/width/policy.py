@@ -282,9 +282,18 @@ class WidthPolicy:
         cost: Optional[StepCostModel] = None,
         fair_slack: Optional[float] = FAIR_SLACK,
         far_probe_factor: int = FAR_PROBE_FACTOR,
+        allowed: Optional[Sequence[int]] = None,
     ):
         self.max_width = int(num_draft_tokens)
         self.widths = np.arange(1, self.max_width + 1)
+        # The widths a step may take (all of 1..B unless given; 1 and B always): on CUDA, those
+        # with a verify graph (`verify_widths.py`).
+        allowed = set(self.widths.tolist() if allowed is None else allowed) | {1, self.max_width}
+        if not allowed <= set(self.widths.tolist()):
+            raise ValueError(f"allowed widths {sorted(allowed)} must lie in 1..{self.max_width}")
+        self.allowed = np.isin(self.widths, sorted(allowed))  # [B] bool
+        self.neighbour_probes = False  # probe the allowed neighbours of the best width (`seed`)
+        self._best = self.max_width  # the last width chosen as the best
         self.acceptance = acceptance or AcceptanceEstimate(self.max_width)
         self.requests = RequestAcceptance()
         self.fair_slack = fair_slack  # None: the batch's throughput alone decides
@@ -293,7 +302,8 @@ class WidthPolicy:
         self.probe_every = probe_every
         self.early_steps = early_steps
         # Probes: the full width (refreshes every position's rate), no draft, the narrowest draft.
-        self.probe_widths = [1, self.max_width, 1, min(2, self.max_width)]
+        narrowest = int(self.widths[1:][self.allowed[1:]].min()) if self.max_width > 1 else 1
+        self.probe_widths = [1, self.max_width, 1, narrowest]
         self.steps = 0
         self.probing = False  # whether the last choice was a probe
         self._probes = 0
@@ -319,15 +329,43 @@ class WidthPolicy:
         self.probing = not self.cost.ready or self.steps % every == 0
         if self.probing:
             self._probes += 1
+            if self.neighbour_probes and self.cost.ready:
+                return self._neighbour(self._probes)
             return self.probe_widths[self._probes % len(self.probe_widths)]
         # The two ends, no draft and the full width, are measured near every batch size the
         # load reaches before the model's extrapolation is trusted: a width it overestimates
-        # would otherwise never be chosen, so never measured.
-        for width in (1, self.max_width):
+        # would otherwise never be chosen, so never measured. (With a start-up table of every
+        # batch size's costs, `seed`, the model has seen them all.)
+        for width in () if self.neighbour_probes else (1, self.max_width):
             if not self._measured_near(bs, width):
                 self.probing = True
                 return width
-        return self.best_width(bs, context, self.requests.worst(rids, self.acceptance.pooled_rate()))
+        self._best = self.best_width(bs, context, self.requests.worst(rids, self.acceptance.pooled_rate()))
+        return self._best
+
+    def _neighbour(self, probe: int) -> int:
+        """The allowed width next below the best one (odd probes) or next above it (even), or
+        the other one at an end. A probe costs a step at that width, and at high load the
+        full width costs several narrow steps: only the widths a load change would move to
+        are measured.
+
+        E.g., allowed {1, 2, 4, 8, 16}, best 4: probes alternate 2 and 8; best 16: always 8."""
+        allowed = self.widths[self.allowed].tolist()
+        i = allowed.index(self._best)
+        below, above = allowed[max(i - 1, 0)], allowed[min(i + 1, len(allowed) - 1)]
+        if below == self._best:
+            return above
+        if above == self._best:
+            return below
+        return below if probe % 2 else above
+
+    def seed(self, table: dict[tuple[int, int], float]) -> None:
+        """Start-up costs: (batch size, width) -> seconds of a step, from timed replays of the
+        captured graphs. The cost model starts from them (they fade as steps are measured), and
+        probes go to neighbouring widths only (`_neighbour`)."""
+        for (bs, width), seconds in sorted(table.items()):
+            self.cost.observe(bs, width, seconds)
+        self.neighbour_probes = True
 
     def _measured_near(self, bs: int, width: int) -> bool:
         """Was `width` measured recently at a batch size within a factor NEAR of `bs`?"""
@@ -362,6 +400,7 @@ class WidthPolicy:
         if self.fair_slack is not None and worst is not None:
             worst_rate = expected_commit(np.full(self.max_width - 1, worst)) / seconds
             rate[worst_rate * (1.0 + self.fair_slack) < worst_rate[0]] = 0.0
+        rate[~self.allowed] = 0.0
         self._far = bool(rate[1:].max() < FAR_BELOW * rate[0])
         full = self.max_width - 1
         best = int(np.argmax(rate[1:])) + 1
@@ -461,12 +500,14 @@ def policy_for(
     env: Optional[str],
     tp_size: int = 1,
     fair_slack: Optional[str] = None,
+    graph_widths: Optional[Sequence[int]] = None,
 ) -> tuple[Optional[WidthPolicy], str]:
     """The policy for this server, or None for the fixed width; with the reason, for the log.
 
     `SGLANG_DFLASH_ADAPTIVE_WIDTH=0` forces the fixed width and `=1` adapts on any device. Unset,
-    it adapts on CPU only: on CUDA, SGLang captures the target's verify graphs for the full width
-    alone and the decode forward of W = 1 has no graph beside them (docs/verify-width.md).
+    it adapts on CPU, and on CUDA when the target has verify graphs at several widths
+    (`graph_widths`, `verify_widths.py`): the policy then chooses among those. Without them a
+    narrower step would run eager (SGLang captures the full width only; docs/verify-width.md).
     Under tensor parallelism the width is fixed: each rank's policy times its own steps, and
     ranks that chose different widths would run collectives of different shapes.
     `fair_slack` is `SGLANG_DFLASH_FAIR_SLACK` (`parse_fair_slack`).
@@ -484,11 +525,15 @@ def policy_for(
         fairness = f"the batch's throughput alone ({FAIR_SLACK_ENV}=off)"
     else:
         fairness = f"no request slowed by more than {slack:.0%}"
+    policy = WidthPolicy(num_draft_tokens, fair_slack=slack, allowed=graph_widths)
+    among = "" if graph_widths is None else f" among {sorted(set(graph_widths) | {1, num_draft_tokens})}"
     if env == "1":
-        return WidthPolicy(num_draft_tokens, fair_slack=slack), f"adaptive ({ENV_VAR}=1; {fairness})"
-    if device_type != "cpu":
-        return None, (
-            f"fixed on {device_type}: verify graphs exist for the full width only "
-            f"(set {ENV_VAR}=1 to adapt with eager narrow steps)"
-        )
-    return WidthPolicy(num_draft_tokens, fair_slack=slack), f"adaptive (CPU default; {fairness})"
+        return policy, f"adaptive{among} ({ENV_VAR}=1; {fairness})"
+    if device_type == "cpu":
+        return policy, f"adaptive{among} (CPU default; {fairness})"
+    if graph_widths is not None:
+        return policy, f"adaptive{among} (verify graphs at each; {fairness})"
+    return None, (
+        f"fixed on {device_type}: verify graphs exist for the full width only "
+        f"(set {ENV_VAR}=1 to adapt with eager narrow steps)"
+    )

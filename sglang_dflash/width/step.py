@@ -2,17 +2,21 @@
 runs the target.
 
 The width is adaptive (`policy.py`) or always B, chosen once at start-up
-(`policy.py`, `policy_for`). The adaptive policy learns each (batch size, width)'s cost from
+(`policy.py`, `policy_for`), and again when the target gets a verify backend (and on CUDA a
+graph) at each of several widths (`use_verify_widths`, `verify_widths.py`): the policy then
+chooses among those widths. The adaptive policy learns each (batch size, width)'s cost from
 the interval between successive decode steps' starts, measured here on host clocks; intervals
 that are not a step's steady cost are left out: the server's first decode steps (one-time
 start-up costs) and the first decode step after an extend or idle step (the scheduler also
-settles the extend's results in it). Acceptance reaches the policy from the scheduler's side
-(`metrics.resolve_spec_tokens_hook`).
+settles the extend's results in it). With verify graphs on CUDA each step is timed on the
+device instead (`device_clock.py`), and charged to the step that ran it. Acceptance reaches
+the policy from the scheduler's side (`metrics.resolve_spec_tokens_hook`).
 
 At W = 1 there is no draft: the target runs one token per request, through its plain DECODE
-forward, or on the CPU engine with the batched verify attention through a verify forward over a
-window of one (exactly decode attention, in one SDPA per layer for the batch instead of SGLang's
-per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, docs/verify-width.md).
+forward, or through a verify forward over a window of one: on the CPU engine with the batched
+verify attention (exactly decode attention, in one SDPA per layer for the batch instead of
+SGLang's per-request decode loop: 12.5 vs 13.4 ms a step at batch 25, docs/verify-width.md),
+and wherever each width has its own verify backend (on CUDA a one-token verify graph).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Optional, Sequence
 import torch
 
 from sglang_dflash.knobs import WIDTH1_FORWARD_ENV, Knobs
+from sglang_dflash.width.device_clock import DeviceStepClock
 from sglang_dflash.width.policy import policy_for
 
 COLD_DECODE_STEPS = 8  # a server's first decode steps, whose intervals the policy ignores
@@ -48,14 +53,20 @@ class StepWidth:
     ):
         from sglang_dflash.cpu import verify_attention
 
-        device_type = torch.device(device).type
+        self.device_type = torch.device(device).type
         self.num_draft_tokens = num_draft_tokens  # B
+        self._tp_size, self._knobs = tp_size, knobs
         self.policy, self._policy_reason = policy_for(
-            num_draft_tokens, device_type, knobs.adaptive_width, tp_size=tp_size, fair_slack=knobs.fair_slack
+            num_draft_tokens,
+            self.device_type,
+            knobs.adaptive_width,
+            tp_size=tp_size,
+            fair_slack=knobs.fair_slack,
         )
         self.decode_when_off, self._off_reason = decode_when_off(
-            device_type, knobs.width1_forward, verify_attention.mode()
+            self.device_type, knobs.width1_forward, verify_attention.mode()
         )
+        self.clock: Optional[DeviceStepClock] = None  # None: host clocks (`use_verify_widths`)
         self.metrics = metrics  # DFlashMetrics or None: the chosen widths' histogram
         self._width1_steps = knobs.width1_steps  # test aid: no draft for the first N decode steps
         if any(not 1 <= w <= num_draft_tokens for w in knobs.widths):
@@ -66,6 +77,36 @@ class StepWidth:
         self._last: Optional[tuple[float, int, int, int, bool]] = None
         self._excluded = 0.0  # seconds of the last decode step that are not its own cost
         self._decode_steps = 0
+
+    def use_verify_widths(self, widths: Sequence[int], graphed: bool, table=None) -> None:
+        """The target verifies at `widths` only, each with its own attention backend, and from
+        CUDA graphs when `graphed` (`verify_widths.py`): the policy chooses among them (on CUDA
+        it adapts by default now), W = 1 runs a verify over one token on its own backend (unless
+        SGLANG_DFLASH_WIDTH1_FORWARD says otherwise), and on CUDA the steps are timed on the
+        device (`device_clock.py`). `table`: (batch size, width) -> seconds from timed replays,
+        the policy's starting costs."""
+        missing = sorted(set(self._widths) - set(widths))
+        if missing:
+            raise ValueError(
+                f"SGLANG_DFLASH_TEST_WIDTHS: widths {missing} have no verify backend ({list(widths)})"
+            )
+        self.policy, self._policy_reason = policy_for(
+            self.num_draft_tokens,
+            self.device_type,
+            self._knobs.adaptive_width,
+            tp_size=self._tp_size,
+            fair_slack=self._knobs.fair_slack,
+            graph_widths=widths,
+        )
+        if self._knobs.width1_forward is None:
+            self.decode_when_off, self._off_reason = (
+                False,
+                "a verify forward over one token, on its own backend",
+            )
+        if graphed and self.device_type == "cuda":
+            self.clock = DeviceStepClock()
+        if self.policy is not None and table:
+            self.policy.seed(table)
 
     def describe(self) -> str:
         """For the start-up line: `verify_width=<this>`."""
@@ -79,7 +120,8 @@ class StepWidth:
     def exclude(self, seconds: float) -> None:
         """Leave `seconds` of the current decode step out of its measured cost: the bulk
         injection of tokens queued by earlier steps at W = 1 (`draft/deferred_injection.py`),
-        which is theirs, not this step's width's."""
+        which is theirs, not this step's width's. (Host clocks only: on the device clock the
+        flush stays in the step that ran it.)"""
         self._excluded += seconds
 
     def not_decoding(self) -> None:
@@ -99,14 +141,26 @@ class StepWidth:
         elif self.policy is None:
             width = self.num_draft_tokens
         else:
-            if self._last is not None and self._last[4]:
+            if self.clock is not None:
+                for (last_bs, last_width, last_context), seconds in self.clock.poll():
+                    self.policy.observe_step(last_bs, last_width, seconds, last_context)
+            elif self._last is not None and self._last[4]:
                 start, last_bs, last_width, last_context, _ = self._last
                 self.policy.observe_step(last_bs, last_width, now - start - self._excluded, last_context)
             width = self.policy.choose(bs, context, rids)
         self._decode_steps += 1
-        measured = self._last is not None and self._decode_steps > COLD_DECODE_STEPS
+        warm = self._decode_steps > COLD_DECODE_STEPS
+        measured = self._last is not None and warm
         self._last = (now, bs, width, context, measured)
         self._excluded = 0.0
+        if self.clock is not None and self.policy is not None:
+            # On the device a step's time is its own: no extend or idle step falls inside it.
+            self.clock.begin((bs, width, context) if warm else None)
         if self.metrics is not None:
             self.metrics.observe_width(width)
         return width
+
+    def end_step(self) -> None:
+        """The decode step has launched all its work (the device clock's end event)."""
+        if self.clock is not None:
+            self.clock.end()

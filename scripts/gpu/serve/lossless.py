@@ -1,10 +1,12 @@
 """Lossless on CUDA: our DFLASH's greedy outputs against the plain engine's, token for token.
 
     python -m scripts.gpu.serve.lossless TARGET DRAFT [--out results.json] [--device cuda]
-                                         [--runs overlap,no-overlap] [--prompts 8] [--new-tokens 64]
+                                         [--runs overlap,no-overlap,widths] [--prompts 8]
+                                         [--new-tokens 64]
                                          [--prompts-file PAIR/prompts.json]
 
-One plain engine, then our DFLASH with overlap scheduling on and/or off (`--runs`), each through
+One plain engine, then our DFLASH with overlap scheduling on and/or off, or with every decode step
+forced through the verify widths that have a graph each, in turn (`--runs`), each through
 FlashInfer attention with CUDA graphs on (decode, target verify and the draft step), in bf16.
 Each serves the same prompts at batch 1 (one at a time) and all together; every DFLASH output
 must equal the plain engine's at the same batch size. Prompts are random token ids, or the texts
@@ -20,12 +22,15 @@ such a near-tie (margin at most NEAR_TIE) is reported, not failed; any other fai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 
-RUNS = {"overlap": {}, "no-overlap": {"disable_overlap_schedule": True}}  # DFLASH engines
+# DFLASH engines: their Engine arguments. "widths" forces every step through the verify widths
+# that get a graph each (`width/verify_widths.py`), in turn (RUN_ENV).
+RUNS = {"overlap": {}, "no-overlap": {"disable_overlap_schedule": True}, "widths": {}}
 # Two bf16 steps of a logit in [8, 16): the margins of a tie broken by rounding. A margin is a
 # difference of two bf16 logits, so it is a whole number of steps (1/32 in [4, 8), 1/16 in [8, 16)).
 NEAR_TIE = 2 * 2**-4
@@ -102,6 +107,30 @@ def block_size(draft: str) -> int:
     return int(config.get("block_size") or config.get("dflash_config", {}).get("block_size") or 16)
 
 
+@contextlib.contextmanager
+def run_env(name: str, draft: str, device: str):
+    """The environment of one run (the engine's scheduler inherits it): for "dflash widths",
+    a forced cycle of every width with its own verify graph (on CPU, its own backend)."""
+    if name != "dflash widths":
+        yield
+        return
+    from sglang_dflash.width.verify_widths import graph_widths
+
+    env = {"SGLANG_DFLASH_TEST_WIDTHS": ",".join(str(w) for w in sorted(graph_widths(block_size(draft))))}
+    if device == "cpu":
+        env["SGLANG_DFLASH_VERIFY_GRAPHS"] = "eager"
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def serve(target: str, draft, device: str, ids: list, new_tokens: int, **extra) -> tuple[dict, float, dict]:
     """({batch size: [(output ids, top-2 margins or None)]}, start-up seconds, stats)."""
     import sglang as sgl
@@ -151,7 +180,10 @@ def main() -> int:
     outputs, results = {}, {"target": args.target, "draft": args.draft, "runs": {}}
     for name, (draft, extra) in runs.items():
         print(f"== {name}", flush=True)
-        outputs[name], started, stats = serve(args.target, draft, args.device, ids, args.new_tokens, **extra)
+        with run_env(name, args.draft, args.device):
+            outputs[name], started, stats = serve(
+                args.target, draft, args.device, ids, args.new_tokens, **extra
+            )
         results["runs"][name] = {"startup_s": round(started, 1)}
         if draft is not None:
             results["runs"][name].update({k: round(v, 2) for k, v in stats.items() if v is not None})

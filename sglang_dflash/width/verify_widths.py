@@ -1,0 +1,209 @@
+"""`VerifyWidths`: the target's verify forward at several widths, each width with its own
+attention backend and (on CUDA) its own graph runner, swapped in around the step's verify.
+
+SGLang captures the target's TARGET_VERIFY graphs at the full width B only, so a narrower
+verify would run eager. Following SGLang's own adaptive EAGLE, this keeps one
+(attention backend, graph runner) pair per width of `graph_widths(B)`, built once at start-up,
+and puts the step's pair in the model runner's two slots for the length of its verify:
+
+    with widths.active(W):   # runner.attn_backend, runner.decode_cuda_graph_runner = W's pair
+        verify_forward(...)  # the width-W graph replays (or the forward runs eager on W's backend)
+
+Each width needs a backend of its own: backends keep their graph metadata per batch size only,
+and every runner re-initialises its backend's graph buffers, so two widths sharing a backend
+would corrupt each other's graphs. Width B is SGLang's own pair, read fresh from the runner at
+every step (a recapture replaces it), and W = 1 is a one-token verify graph: a step without
+draft runs a verify over its bonus token, never the DECODE forward (whose batch would replay a
+width-1 verify graph with the wrong inputs, were that graph installed).
+
+Pairs are built widest first, into SGLang's shared graph pool, each after a check that the
+free device memory holds it: a width that does not fit is dropped and named in the start-up
+line, and the narrower ones are still tried. Building, timing and memory readings come from
+the caller (`verify_runners.py` builds SGLang's pairs), so all of this runs on CPU with
+stand-ins.
+
+See docs/verify-width.md ("On CUDA").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+HEADROOM_GB = 1.0  # device memory left free after the last width's graphs, for the forward itself
+
+
+def graph_widths(num_draft_tokens: int) -> tuple[int, ...]:
+    """The verify widths that get a pair, widest first: B, the powers of two below it, and 1.
+    A verify costs about the same up to the GEMM ridge and linearly beyond, so the best width
+    keeps bs * W near a few hundred tokens, which powers of two track within 2x.
+
+    E.g., 16 -> (16, 8, 4, 2, 1); 6 -> (6, 4, 2, 1); 1 -> (1,).
+    """
+    widths = {1, num_draft_tokens}
+    power = 2
+    while power < num_draft_tokens:
+        widths.add(power)
+        power *= 2
+    return tuple(sorted(widths, reverse=True))
+
+
+def why_not_per_width(
+    *,
+    device_type: str,
+    mode: Optional[str],
+    num_draft_tokens: int,
+    tp_size: int,
+    hybrid: bool,
+    lora: bool,
+    two_batch_overlap: bool,
+    disaggregation: str,
+    graphs_disabled: bool,
+) -> Optional[str]:
+    """None when each width gets its own pair, else why not (for the start-up line).
+    `mode`: SGLANG_DFLASH_VERIFY_GRAPHS, unset (per-width graphs on CUDA), "0" (none) or
+    "eager" (a test aid: per-width attention backends without graphs, on any device).
+    The refusals are what SGLang's adaptive EAGLE refuses too, and what has not run yet (DP
+    attention is refused for the whole server, `server_args.py`)."""
+    if mode not in (None, "", "0", "eager"):
+        raise ValueError(f"SGLANG_DFLASH_VERIFY_GRAPHS must be 0 or eager, got {mode!r}")
+    if mode == "0":
+        return "SGLANG_DFLASH_VERIFY_GRAPHS=0"
+    if num_draft_tokens < 2:
+        return "--speculative-num-draft-tokens is 1"
+    if mode != "eager":
+        if device_type != "cuda":
+            return f"no CUDA graphs on {device_type}"
+        if graphs_disabled:
+            return "CUDA graphs are disabled"
+    refusals = [
+        (tp_size > 1, f"tp_size {tp_size}: ranks would have to agree on every step's width"),
+        (hybrid, "a hybrid linear-attention target (its state backend is B's)"),
+        (lora, "LoRA adapters"),
+        (two_batch_overlap, "two-batch overlap"),
+        (disaggregation != "null", f"disaggregation mode {disaggregation} (recaptures B's graphs only)"),
+    ]
+    return next((reason for refused, reason in refusals if refused), None)
+
+
+def step_cost_table(
+    verify: dict[int, dict[int, float]], draft: dict[int, float]
+) -> dict[tuple[int, int], float]:
+    """A decode step's cost at each captured (batch size, width), from timed graph replays:
+    `verify` width -> batch size -> seconds of its verify graph, `draft` batch size -> seconds
+    of the draft step's graph. A step at W > 1 runs the draft too, padded to its smallest
+    bucket that holds the batch; a batch size above every draft bucket has no W > 1 entry.
+
+    E.g., verify {1: {8: 1.0}, 4: {8: 1.5}}, draft {16: 0.5} -> {(8, 1): 1.0, (8, 4): 2.0}.
+    """
+    table = {}
+    buckets = sorted(draft)
+    for width, by_size in verify.items():
+        for bs, seconds in by_size.items():
+            if width == 1:
+                table[(bs, 1)] = seconds
+                continue
+            bucket = next((b for b in buckets if b >= bs), None)
+            if bucket is not None:
+                table[(bs, width)] = seconds + draft[bucket]
+    return table
+
+
+@dataclass(frozen=True)
+class WidthPair:
+    """One width's attention backend and graph runner (None: the verify runs eager on the
+    backend), with what building it cost."""
+
+    width: int
+    attn_backend: Any
+    graph_runner: Any
+    seconds: float = 0.0
+    gigabytes: float = 0.0
+
+
+class VerifyWidths:
+    """The pairs of every width but B (SGLang's, read from `runner`), and the swap."""
+
+    def __init__(self, runner, num_draft_tokens: int, pairs: dict[int, WidthPair], dropped: dict[int, str]):
+        self.runner = runner
+        self.num_draft_tokens = num_draft_tokens
+        self.pairs = pairs  # width -> its pair, every width but B
+        self.dropped = dropped  # width -> why it has no pair
+
+    @classmethod
+    def build(
+        cls,
+        runner,
+        num_draft_tokens: int,
+        make_pair: Callable[[int], WidthPair],
+        free_gb: Optional[Callable[[], float]] = None,
+        full_width_gb: float = 0.0,
+        headroom_gb: float = HEADROOM_GB,
+    ) -> "VerifyWidths":
+        """Build every width's pair but B's, widest first. `make_pair(W)` builds one;
+        `free_gb()` reads the free device memory (None: nothing to check, as on CPU).
+        A narrower width never needs more than a wider one (its buffers scale with W), so each
+        width is expected to take what the last one built took, the first what B's graphs
+        took (`full_width_gb`); a width is built only if that leaves `headroom_gb` free.
+
+        E.g., B's graphs 3 GB, 4.5 GB free, headroom 1: width 8 is built (3 + 1 <= 4.5) and
+        takes 1.5 GB; 3 GB are left, so width 4 (1.5 + 1) is built too."""
+        pairs: dict[int, WidthPair] = {}
+        dropped: dict[int, str] = {}
+        expected = full_width_gb
+        for width in graph_widths(num_draft_tokens)[1:]:
+            if free_gb is not None:
+                free = free_gb()
+                if expected + headroom_gb > free:
+                    dropped[width] = (
+                        f"{free:.2f} GB free, about {expected:.2f} GB needed + {headroom_gb:.2f} GB headroom"
+                    )
+                    continue
+            pair = make_pair(width)
+            pairs[width] = pair
+            expected = pair.gigabytes
+        return cls(runner, num_draft_tokens, pairs, dropped)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The widths a step may verify at, narrowest first (B always)."""
+        return tuple(sorted([*self.pairs, self.num_draft_tokens]))
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the narrower widths replay graphs (else they run eager on their backends)."""
+        return any(pair.graph_runner is not None for pair in self.pairs.values())
+
+    @contextlib.contextmanager
+    def active(self, width: int):
+        """The model runner verifies at `width` inside this block: its attention backend and
+        graph runner are `width`'s; B's own are put back after (B itself swaps nothing)."""
+        if width == self.num_draft_tokens:
+            yield
+            return
+        pair = self.pairs.get(width)
+        if pair is None:
+            raise ValueError(f"verify width {width} has no attention backend (widths: {list(self.widths)})")
+        runner = self.runner
+        saved = runner.attn_backend, runner.decode_cuda_graph_runner
+        runner.attn_backend, runner.decode_cuda_graph_runner = pair.attn_backend, pair.graph_runner
+        try:
+            yield
+        finally:
+            runner.attn_backend, runner.decode_cuda_graph_runner = saved
+
+    def describe(self) -> str:
+        """For the start-up line, e.g. `1 (0.4 s, 0.12 GB), 2 (0.5 s, 0.15 GB); 4 dropped (...)`."""
+        kind = "graphs" if self.graphed else "eager backends"
+        built = ", ".join(
+            f"{w} ({self.pairs[w].seconds:.1f} s, {self.pairs[w].gigabytes:.2f} GB)"
+            for w in sorted(self.pairs)
+        )
+        text = f"{kind} at {built}" if built else "none built"
+        for width, why in sorted(self.dropped.items()):
+            text += f"; {width} dropped ({why})"
+        return text
