@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-serve-check gpu-train
+.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-serve-check gpu-train
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,16 @@ gpu-aot: $(VENV)/.deps
 GPU_PY ?= python3
 gpu-proof:
 	$(GPU_PY) -m scripts.gpu.proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
+
+# The race under load, from 1 to 256 concurrent requests (one command of at most 9 minutes, in
+# priority order: acceptance 3 with every server, ours adaptive against ours at B under
+# geometric acceptance 3, then 6.5). Carry what gpu-proof carries.
+RACE_LEVELS ?= 1,8,32,64,128,256
+RACE_STEPS := race-3,race-geo-3,race-6.5
+gpu-race:
+	$(GPU_PY) -m scripts.gpu.proof --steps $(or $(STEPS),$(RACE_STEPS)) --race-concurrency $(RACE_LEVELS) \
+		--race-servers dflash,dflash-builtin,baseline,dflash-fixed --race-seconds 8 \
+		$(if $(DEADLINE),--deadline $(DEADLINE))
 
 # A second call: overlap off, the other acceptance length, the stand-in's kernel tests.
 SECOND_CALL := lossless-no-overlap,race-3,standin-tests

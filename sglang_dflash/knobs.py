@@ -31,6 +31,11 @@ Benchmark aid, SGLang's own and honoured as its built-in DFLASH does:
   SGLANG_SIMULATE_ACC_LEN (+ _METHOD, _TOKEN_MODE)
                                           acceptance is forced to a drawn length: outputs are
                                           not the model's
+  SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric
+                                          ours only: each request's draft positions accepted
+                                          independently, at the rate whose mean at the full
+                                          width is SGLANG_SIMULATE_ACC_LEN
+                                          (`verify/acceptance.py`)
 
 Test aids; each switches a feature off so that a test can show it notices:
 
@@ -82,6 +87,7 @@ CHECK_RANKS_ENV = "SGLANG_DFLASH_CHECK_RANKS"
 TRACE_PROPOSALS_ENV = "SGLANG_DFLASH_TRACE_PROPOSALS"
 LILICORR_SAMPLING_ENV = "SGLANG_ENABLE_LILICORR_SAMPLING"
 LILICORR_REQUIRE_SAMPLING_ENV = "SGLANG_LILICORR_REQUIRE_SAMPLING"
+SIMULATE_METHOD_ENV = "SGLANG_DFLASH_SIMULATE_ACC_METHOD"
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,9 @@ class Knobs:
             deferred_injection=environ.get(DEFERRED_INJECTION_ENV, "1") != "0",
             step_timing=environ.get(STEP_TIMING_ENV) or None,
             lilicorr_sampling=_lilicorr_sampling(environ),
-            simulated_acceptance=_simulated_acceptance() if simulated else None,
+            simulated_acceptance=_simulated_acceptance(environ.get(SIMULATE_METHOD_ENV))
+            if simulated
+            else None,
             skip_decode_injection=on(SKIP_DECODE_INJECTION_ENV),
             skip_draft_transfer=on(SKIP_DRAFT_TRANSFER_ENV),
             skip_draft_hicache=on(SKIP_DRAFT_HICACHE_ENV),
@@ -185,14 +193,19 @@ def _lilicorr_sampling(environ: Mapping[str, str]) -> bool:
     return sampling is not False
 
 
-def _simulated_acceptance() -> Optional[SimulatedAcceptance]:
+def _simulated_acceptance(method: Optional[str]) -> Optional[SimulatedAcceptance]:
+    """SGLang's setting; `method`: SGLANG_DFLASH_SIMULATE_ACC_METHOD, "geometric" or unset."""
     from sglang.srt.environ import envs
     from sglang.srt.speculative.spec_utils import check_simulate_acc_token_mode
 
+    if method not in (None, "", "geometric"):
+        raise ValueError(f"{SIMULATE_METHOD_ENV} must be geometric, got {method!r}")
     mean = envs.SGLANG_SIMULATE_ACC_LEN.get()
     if mean <= 0:
+        if method:
+            raise ValueError(f"{SIMULATE_METHOD_ENV}={method} needs SGLANG_SIMULATE_ACC_LEN (the mean)")
         return None
     check_simulate_acc_token_mode()
     return SimulatedAcceptance(
-        mean, envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
+        mean, method or envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
     )

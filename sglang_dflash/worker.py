@@ -376,7 +376,7 @@ class DFlashWorker(BaseSpecWorker):
             )
             if self.knobs.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = simulated_acceptance(
-                    candidates, logits, self.knobs.simulated_acceptance
+                    candidates, logits, self.knobs.simulated_acceptance, self.num_draft_tokens
                 )
             commit_lens = (accept_len + 1).to(torch.int32)
             if batch.sampling_info.sampling_mask_batch_indices is not None:

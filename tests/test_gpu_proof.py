@@ -116,3 +116,55 @@ def test_the_gpu_run_rehearses_on_cpu(tmp_path):
         names = set(tar.getnames())
     assert {"results/race-6.5-dflash/results.json", "results/race-baseline/results.json"} <= names
     assert sorted(os.listdir(out)) == ["gpu-proof-report.md", "gpu-proof-results.tar.gz", "gpu-proof.json"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow  # four servers, about 3 minutes: run it before a GPU session (--run-slow)
+def test_the_race_rehearses_on_cpu(tmp_path):
+    """make gpu-race's steps on SGLang's CPU engine, at two levels: SGLang's simulated
+    acceptance 3 (ours, ours at B, no speculation; the built-in refuses the CPU), then the
+    geometric acceptance 3 (ours and ours at B only); the report's table has every column."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
+    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "500"]
+    cmd += ["--steps", "race-3,race-geo-3", "--race-concurrency", "1,2", "--race-seconds", "2"]
+    cmd += ["--race-servers", "dflash,dflash-builtin,baseline,dflash-fixed"]
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=700)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    records = json.loads((out / "gpu-proof.json").read_text())["steps"]
+    status = {(s["name"], s["status"]) for s in records}
+    for name in ("race-3 dflash", "race-3 dflash-fixed", "race-geo-3 dflash", "race-geo-3 dflash-fixed"):
+        assert (name, "ok") in status, records
+    assert ("race baseline", "ok") in status  # once; the second acceptance skips it
+    assert not any(s["name"] == "race-geo-3 dflash-builtin" for s in records)  # ours only
+    report = (out / "gpu-proof-report.md").read_text()
+    assert "| 3 | 2 |" in report and "| geo-3 | 2 |" in report
+    with tarfile.open(out / gpu_proof.RESULTS_ARCHIVE) as tar:
+        results = tar.extractfile("results/race-geo-3-dflash/results.json").read().decode()
+    assert "SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric" in results  # the servers ran it
+
+
+def test_the_race_table_has_ours_at_b_and_the_widths_chosen():
+    """The report's race table from rows by hand: ours / built-in, / no speculation, / ours at B,
+    the widths ours chose; geometric acceptance after SGLang's, without a built-in."""
+    from scripts.gpu.serve.report import race_table
+
+    def row(acc, server, c, tok_s, widths=None):
+        return dict(acc=acc, server=server, concurrency=c, tok_s=tok_s, tpot_ms=10.0, widths=widths or {})
+
+    rows = [
+        row(None, "baseline", 128, 1000.0),
+        row("3", "dflash", 128, 1500.0, {"4": 70, "8": 20, "1": 10}),
+        row("3", "dflash-builtin", 128, 1000.0),
+        row("3", "dflash-fixed", 128, 1200.0),
+        row("geo-3", "dflash", 128, 1300.0, {"2": 100}),
+        row("geo-3", "dflash-fixed", 128, 1000.0),
+    ]
+    lines = race_table(rows).splitlines()
+    widths = "4 70%, 8 20%, 1 10%"
+    assert (
+        lines[2]
+        == f"| 3 | 128 | 1000 | 1500 (10.0) | 1000 (10.0) | 1200 | 1.50x | 1.50x | 1.25x | {widths} |"
+    )
+    assert lines[3] == "| geo-3 | 128 | 1000 | 1300 (10.0) | - | 1000 | - | 1.30x | 1.30x | 2 100% |"

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from sglang_dflash.draft.block import extend_positions, gather_slots, prepare_draft_block
-from sglang_dflash.verify.acceptance import forced_acceptance, greedy_verify
+from sglang_dflash.verify.acceptance import (
+    forced_acceptance,
+    geometric_commit_lens,
+    geometric_rate,
+    greedy_verify,
+)
 
 
 def T(rows):
@@ -52,6 +57,46 @@ def test_forced_acceptance(commit_len):
     _, fixed, fixed_bonus = forced_acceptance(candidates, predict, commit_len, real_draft_tokens=False)
     assert fixed[:, :commit_len].eq(100).all() and fixed[:, commit_len:].eq(0).all()
     assert fixed_bonus.tolist() == [100, 100]
+
+
+def test_forced_acceptance_per_request():
+    """One commit length per request (the geometric simulation): by hand."""
+    candidates, predict = T([[5, 8, 2, 4], [1, 2, 3, 4]]), T([[8, 3, 7, 1], [9, 6, 5, 4]])
+    accept_len, out, bonus = forced_acceptance(candidates, predict, T([3, 1]), real_draft_tokens=True)
+    assert accept_len.tolist() == [2, 0]
+    assert out.tolist() == [[8, 2, 7, 0], [9, 0, 0, 0]]
+    assert bonus.tolist() == [7, 9]
+
+
+def test_geometric_rate_by_hand():
+    assert geometric_rate(6.5, 16) == pytest.approx(0.8599, abs=1e-4)
+    assert geometric_rate(3.0, 16) == pytest.approx(0.6672, abs=1e-4)
+    assert geometric_rate(16, 16) == pytest.approx(1.0, abs=1e-9)
+    assert geometric_rate(1, 16) == pytest.approx(0.0, abs=1e-9)
+    for mean, width in ((6.5, 16), (3.0, 8)):
+        a = geometric_rate(mean, width)
+        assert sum(a**k for k in range(width)) == pytest.approx(mean, rel=1e-9)
+
+
+@pytest.mark.parametrize("width", [16, 4])
+def test_geometric_commit_lengths_follow_their_distribution(width):
+    """Each request's commit length at rate a and width W: P(L = l) = a^(l-1) (1 - a) for l < W
+    and a^(W-1) for l = W; a chi-square test over 20000 draws, and the rows independent (two
+    halves of the batch, a 2 x W contingency test)."""
+    from scipy import stats
+
+    torch.manual_seed(0)
+    rate, n = geometric_rate(6.5, 16), 20000
+    lens = geometric_commit_lens(n, width, rate, "cpu")
+    counts = torch.bincount(lens, minlength=width + 1)[1:].double().numpy()
+    probs = [rate ** (k - 1) * (1 - rate) for k in range(1, width)] + [rate ** (width - 1)]
+    assert stats.chisquare(counts, [p * n for p in probs]).pvalue > 1e-3
+    halves = [torch.bincount(h, minlength=width + 1)[1:].numpy() for h in (lens[::2], lens[1::2])]
+    table = [h for h in zip(*halves) if sum(h) > 0]
+    assert stats.chi2_contingency(list(zip(*table))).pvalue > 1e-3
+    # Against a control: SGLang's own method, one length for the whole batch, is all or nothing
+    # per position (6.5 -> lengths 6 and 7 only).
+    assert len(set(lens.tolist())) == width
 
 
 def test_prepare_draft_block():

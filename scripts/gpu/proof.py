@@ -24,8 +24,10 @@ are checked in the foreground. The steps, in the order given (default: priority 
   lossless-widths   the same, every decode step forced through the verify widths with a
                     graph each, in turn (SGLANG_DFLASH_TEST_WIDTHS; width/verify_widths.py)
   race-<acc>        a Qwen3-8B-shaped target and its DFlash draft, dummy weights,
-                    SGLANG_SIMULATE_ACC_LEN=<acc>: our DFLASH, SGLang's built-in, then no
-                    speculation (once per state), at each concurrency for --race-seconds
+                    SGLANG_SIMULATE_ACC_LEN=<acc>: the --race-servers in order (our DFLASH,
+                    SGLang's built-in, ours at B as dflash-fixed, no speculation once per state),
+                    at each concurrency for --race-seconds; race-geo-<acc>: ours only, each
+                    request and position accepted independently at the rate of that mean
   bench-draft-step  the draft step against its memory-bound limit (scripts/bench/draft_step.py),
                     started during the prerequisites; this step collects it
   standin-tests     the sgl_kernel stand-in's kernels against PyTorch (a second call)
@@ -383,22 +385,29 @@ def race_args(models: str, device: str, concurrency: str, seconds: float) -> lis
 
 
 def race(proof: Proof, acc: str, args) -> None:
-    """Our DFLASH, the built-in, then no speculation (once per state): one serving/load_test.py each."""
+    """The servers of `--race-servers` in order (ours, the built-in, ours at B, no speculation
+    once per state): one serving/load_test.py each. `acc`: SGLang's simulated acceptance, or
+    geo-<mean> for ours only, each request and position drawn independently."""
     common = race_args(
         os.path.join(proof.state, "models"), proof.device, args.race_concurrency, args.race_seconds
     )
+    geometric = acc.startswith("geo-")
     for server in args.race_servers.split(","):
         folder = "race-baseline" if server == "baseline" else f"race-{acc}-{server}"
         name = f"race-{acc} {server}" if server != "baseline" else "race baseline"
         if os.path.isfile(os.path.join(proof.results, folder, "results.json")):
             proof.skip(name, f"measured earlier in this state ({folder})")
             continue
+        if server == "dflash-builtin" and geometric:
+            continue  # the geometric acceptance is ours only
         if server == "dflash-builtin" and proof.device != "cuda":
             proof.skip(name, "SGLang's built-in DFLASH refuses the CPU")
             continue
         cmd = [sys.executable, "scripts/serving/load_test.py", "--configs", server, *common]
         cmd += ["--output-dir", os.path.join(proof.results, folder)]
-        cmd += [] if server == "baseline" else ["--simulate-acc-len", acc]
+        if server != "baseline":
+            cmd += ["--simulate-acc-len", acc.removeprefix("geo-")]
+            cmd += ["--simulate-geometric"] if geometric else []
 
         def body(cmd=cmd, folder=folder, name=name):
             rc = proof.run(name, cmd)
@@ -408,7 +417,9 @@ def race(proof: Proof, acc: str, args) -> None:
                 f.write(machine())
             return rc == 0, "" if rc == 0 else f"exit {rc}: {missing_op(proof.log_path(name))}"
 
-        proof.step(name, proof.estimate("race-server"), body)
+        # A server's start-up, then each level for --race-seconds and its drain.
+        levels = len(args.race_concurrency.split(","))
+        proof.step(name, proof.estimate("race-server") + (levels - 3) * (args.race_seconds + 5), body)
 
 
 def missing_op(log: str) -> str:
@@ -617,7 +628,7 @@ def main(argv=None) -> int:
             else:
                 proof.skip(name, "needs CUDA" if proof.device != "cuda" else "not started")
         else:
-            proof.skip(name, f"unknown step (one of {', '.join(STEPS)}, race-<acceptance>)")
+            proof.skip(name, f"unknown step (one of {', '.join(STEPS)}, race-[geo-]<acceptance>)")
     for name in list(proof.background):
         proof.wait_background(name, "background")
     proof.write()

@@ -20,8 +20,9 @@ model: use `--dataset code`, its held-out prompts; on other text its acceptance 
 level it reports TTFT, TPOT and per-token ITL (mean/p50/p90/p99), output tokens/s, requests/s,
 errors and timeouts, and the mean acceptance length with its distribution; it writes
 results.json, summary.csv, requests.csv and PNG plots to --output-dir.
-`--simulate-acc-len X` runs (or declares) SGLANG_SIMULATE_ACC_LEN=X; such results are labelled
-simulated everywhere and are never real speedups.
+`--simulate-acc-len X` runs (or declares) SGLANG_SIMULATE_ACC_LEN=X (with `--simulate-geometric`,
+each request and position accepted independently at the rate of that mean: ours only); such
+results are labelled simulated everywhere and are never real speedups.
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     out.add_argument(
         "--simulate-acc-len", type=float, help="SGLANG_SIMULATE_ACC_LEN (labels output simulated)"
     )
+    out.add_argument(
+        "--simulate-geometric",
+        action="store_true",
+        help="with --simulate-acc-len: each request's positions accepted independently "
+        "(SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric; ours only, so not with dflash-builtin)",
+    )
     out.add_argument("--no-progress", action="store_true")
     out.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
@@ -128,6 +135,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--configs: choose from {', '.join(server.CONFIGS)}")
     if args.dataset == "random-ids" and args.endpoint == "chat":
         p.error("--dataset random-ids sends token ids: use --endpoint generate")
+    if args.simulate_geometric and (
+        args.simulate_acc_len is None or "dflash-builtin" in (args.configs or "")
+    ):
+        p.error("--simulate-geometric: needs --simulate-acc-len, and SGLang's built-in does not know it")
     if args.rounds < 1 or (args.rounds > 1 and args.url):
         p.error("--rounds: R >= 1, and above 1 only for the servers this script starts (--configs/--compare)")
     return args
@@ -286,9 +297,11 @@ def main(argv=None) -> int:
     out_dir = args.output_dir or os.path.join("load_test_results", stamp)
     os.makedirs(out_dir, exist_ok=True)
 
-    sim_env = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_SIMULATE_ACC_")}
+    sim_env = {k: v for k, v in os.environ.items() if k.startswith(report.SIMULATION_PREFIXES)}
     if args.simulate_acc_len is not None:
         sim_env["SGLANG_SIMULATE_ACC_LEN"] = str(args.simulate_acc_len)
+    if args.simulate_geometric:
+        sim_env["SGLANG_DFLASH_SIMULATE_ACC_METHOD"] = "geometric"
     label = report.simulated_label(sim_env)
     if label:
         print(f"!! {label}", flush=True)

@@ -12,6 +12,8 @@ See docs/architecture.md ("How it works").
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -38,12 +40,13 @@ def greedy_verify(
 def forced_acceptance(
     candidates: torch.Tensor,
     target_predict: torch.Tensor,
-    commit_len: int,
+    commit_len,
     *,
     real_draft_tokens: bool,
     fixed_token_id: int = 100,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Benchmark-only acceptance (SGLANG_SIMULATE_ACC_LEN): every request commits `commit_len`.
+    """Benchmark-only acceptance (SGLANG_SIMULATE_ACC_LEN): every request commits `commit_len`
+    (an int, or one per request: [bs] on the device).
 
     Same outputs as `greedy_verify`. With `real_draft_tokens`, the emitted row is the first
     commit_len-1 proposals plus the target's prediction after them; otherwise every emitted
@@ -51,26 +54,60 @@ def forced_acceptance(
     E.g., candidates [5, 8, 2, 4], predict [8, 3, 7, 1], commit_len 3 -> out [8, 2, 7, 0].
     """
     bs, width = candidates.shape
-    accept = commit_len - 1
-    accept_len = torch.full((bs,), accept, dtype=torch.int32, device=candidates.device)
-    cols = torch.arange(width, device=candidates.device)[None, :]
+    device = candidates.device
+    accept = (torch.as_tensor(commit_len, device=device) - 1).to(torch.int64).expand(bs)  # [bs]
+    accept_len = accept.to(torch.int32)
+    cols = torch.arange(width, device=device)[None, :]
     if real_draft_tokens:
-        bonus = target_predict[:, accept]
+        bonus = target_predict.gather(1, accept[:, None]).squeeze(1)
         shifted = torch.cat([candidates[:, 1:], bonus[:, None]], dim=1)  # [d1..d_{B-1}, bonus]
-        emitted = torch.where(cols < accept, shifted, bonus[:, None])
+        emitted = torch.where(cols < accept[:, None], shifted, bonus[:, None])
     else:
-        bonus = torch.full((bs,), fixed_token_id, dtype=candidates.dtype, device=candidates.device)
+        bonus = torch.full((bs,), fixed_token_id, dtype=candidates.dtype, device=device)
         emitted = torch.full_like(candidates, fixed_token_id)
-    out_tokens = torch.where(cols <= accept, emitted, 0)
+    out_tokens = torch.where(cols <= accept[:, None], emitted, 0)
     return accept_len, out_tokens, bonus
 
 
-def simulated_acceptance(candidates: torch.Tensor, logits: torch.Tensor, setting) -> tuple:
-    """SGLang's benchmark knob (`knobs.SimulatedAcceptance`), as its built-in DFLASH applies it:
-    a commit length drawn by SGLang, then `forced_acceptance`. logits [bs*W, V]."""
-    from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
+@functools.lru_cache(maxsize=None)
+def geometric_rate(mean: float, full_width: int) -> float:
+    """The per-position acceptance rate a at which E[commit | B] = 1 + a + ... + a^(B-1) = mean
+    (bisection; mean clamped to [1, B]). E.g., (6.5, 16) -> 0.860; (3, 16) -> 0.667."""
+    mean = min(max(mean, 1.0), float(full_width))
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        rate = (low + high) / 2
+        expected = sum(rate**k for k in range(full_width))
+        low, high = (rate, high) if expected < mean else (low, rate)
+    return (low + high) / 2
 
-    commit_len = sample_simulated_acc_len(setting.mean, setting.method, candidates.shape[1])
+
+def geometric_commit_lens(bs: int, width: int, rate: float, device) -> torch.Tensor:
+    """[bs] commit lengths with each draft position accepted with probability `rate`,
+    independently per request and position, until the first rejection (drawn on the device).
+    E.g., draws [[T, T, F], [F, T, T]] -> [3, 1]."""
+    accepted = torch.rand(bs, width - 1, device=device) < rate  # [bs, W-1]
+    return 1 + accepted.to(torch.int32).cumprod(dim=1).sum(dim=1)
+
+
+def simulated_acceptance(candidates: torch.Tensor, logits: torch.Tensor, setting, full_width: int) -> tuple:
+    """SGLang's benchmark knob (`knobs.SimulatedAcceptance`), as its built-in DFLASH applies it:
+    a commit length drawn by SGLang, then `forced_acceptance`. logits [bs*W, V].
+
+    SGLang draws one length for the whole batch, the floor or ceiling of the mean: acceptance is
+    all or nothing by position (at 6.5, positions 1..5 always accepted, 6 half the time, none
+    after), which flatters a narrower width. With the method "geometric" (ours only,
+    `SGLANG_DFLASH_SIMULATE_ACC_METHOD`), every request and position is drawn independently at
+    the rate that gives the mean at the full width B (`full_width`), whatever this step's W."""
+    bs, width = candidates.shape
+    if setting.method == "geometric":
+        commit_len = geometric_commit_lens(
+            bs, width, geometric_rate(setting.mean, full_width), candidates.device
+        )
+    else:
+        from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
+
+        commit_len = sample_simulated_acc_len(setting.mean, setting.method, width)
     target_predict = torch.argmax(logits, dim=-1).view(candidates.shape)
     return forced_acceptance(
         candidates, target_predict, commit_len, real_draft_tokens=setting.token_mode == "real-draft-token"

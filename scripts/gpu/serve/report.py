@@ -52,8 +52,9 @@ def race_rows(state: str) -> list[dict]:
     """One row per (acceptance, concurrency, server) measured."""
     rows = []
     for path in sorted(glob.glob(os.path.join(state, "race-*", "results.json"))):
-        # race-baseline, or race-<acceptance>-<server>
-        acc, server = re.match(r"race-(?:([\d.]+)-)?(.+)", os.path.basename(os.path.dirname(path))).groups()
+        # race-baseline, or race-<acceptance>-<server>, the acceptance geo-<mean> when geometric
+        folder = os.path.basename(os.path.dirname(path))
+        acc, server = re.match(r"race-(?:((?:geo-)?[\d.]+)-)?(.+)", folder).groups()
         with open(path) as f:
             results = json.load(f)
         for run in results["runs"]:
@@ -68,6 +69,7 @@ def race_rows(state: str) -> list[dict]:
                         tpot_ms=s["tpot_ms"]["mean"],
                         accept=(s.get("acceptance") or {}).get("accept_length_sglang"),
                         failed=s["requests"] - s["completed"],
+                        widths=(level.get("server_acceptance") or {}).get("verify_width_histogram") or {},
                     )
                 )
     return rows
@@ -77,19 +79,37 @@ def fmt(x, spec=".0f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def acceptance_order(acc: str) -> tuple:
+    """SGLang's simulated acceptances first, then the geometric ones (geo-<mean>), by mean."""
+    return (acc.startswith("geo-"), float(acc.removeprefix("geo-")))
+
+
+def widths_cell(hist: dict) -> str:
+    """The verify widths chosen at a level, most used first, with their shares: `8 61%, 4 30%`."""
+    total = sum(hist.values())
+    if not total:
+        return "-"
+    top = sorted(hist.items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{w} {n / total:.0%}" for w, n in top)
+
+
 def race_table(rows: list[dict]) -> str:
-    """Per acceptance and concurrency: tok/s and TPOT of each server, and ours / built-in.
-    The baseline runs once (acceptance does not apply to it) and is repeated in each block."""
+    """Per acceptance and concurrency: tok/s and TPOT of each server, ours (adaptive) / the
+    built-in, / no speculation and / ours at B (`dflash-fixed`), and the widths ours chose.
+    The baseline runs once (acceptance does not apply to it) and is repeated in each block.
+    A geometric acceptance (geo-<mean>) is ours only: no built-in there."""
     base = {r["concurrency"]: r for r in rows if r["server"] == "baseline"}
     lines = [
         "| simulated acceptance | concurrency | no speculation tok/s | sglang-dflash tok/s (TPOT ms) "
-        "| SGLang built-in tok/s (TPOT ms) | ours / built-in | ours / no speculation |",
-        "|---|---|---|---|---|---|---|",
+        "| SGLang built-in tok/s (TPOT ms) | ours at B tok/s | ours / built-in | ours / no speculation "
+        "| ours / ours at B | widths chosen |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for acc in sorted({r["acc"] for r in rows if r["server"] != "baseline"}, key=float):
+    for acc in sorted({r["acc"] for r in rows if r["server"] != "baseline"}, key=acceptance_order):
         for c in sorted({r["concurrency"] for r in rows}):
             got = {r["server"]: r for r in rows if r["acc"] == acc and r["concurrency"] == c}
             ours, builtin, plain = got.get("dflash"), got.get("dflash-builtin"), base.get(c)
+            fixed = got.get("dflash-fixed")
 
             def cell(r):
                 return "-" if r is None else f"{fmt(r['tok_s'])} ({fmt(r['tpot_ms'], '.1f')})"
@@ -99,9 +119,11 @@ def race_table(rows: list[dict]) -> str:
                 return f"{a['tok_s'] / b['tok_s']:.2f}x" if ok else "-"
 
             plain_cell = fmt(plain["tok_s"]) if plain else "-"
+            fixed_cell = fmt(fixed["tok_s"]) if fixed else "-"
             lines.append(
-                f"| {acc} | {c} | {plain_cell} | {cell(ours)} | {cell(builtin)} "
-                f"| {ratio(ours, builtin)} | {ratio(ours, plain)} |"
+                f"| {acc} | {c} | {plain_cell} | {cell(ours)} | {cell(builtin)} | {fixed_cell} "
+                f"| {ratio(ours, builtin)} | {ratio(ours, plain)} | {ratio(ours, fixed)} "
+                f"| {widths_cell(ours['widths']) if ours else '-'} |"
             )
     return "\n".join(lines)
 

@@ -17,14 +17,21 @@ from typing import Optional
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
+# The environment of a simulated-acceptance run: SGLang's knobs, and our geometric method.
+SIMULATION_PREFIXES = ("SGLANG_SIMULATE_ACC_", "SGLANG_DFLASH_SIMULATE_ACC_")
+SIMULATION_KNOBS = (
+    "SGLANG_SIMULATE_ACC_METHOD",
+    "SGLANG_SIMULATE_ACC_TOKEN_MODE",
+    "SGLANG_DFLASH_SIMULATE_ACC_METHOD",
+)
+
+
 def simulated_label(env: dict) -> Optional[str]:
     """The warning label of a simulated-acceptance run, or None for a real one."""
     value = env.get("SGLANG_SIMULATE_ACC_LEN")
     if value in (None, "", "-1"):
         return None
-    extra = [
-        f"{k}={env[k]}" for k in ("SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE") if k in env
-    ]
+    extra = [f"{k}={env[k]}" for k in SIMULATION_KNOBS if k in env]
     knobs = ", ".join([f"SGLANG_SIMULATE_ACC_LEN={value}", *extra])
     return f"SIMULATED ACCEPTANCE ({knobs}): system efficiency only, not a real speedup"
 
