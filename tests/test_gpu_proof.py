@@ -23,19 +23,71 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # ---- the lossless verdict --------------------------------------------------------------------
 
 
-def test_the_lossless_verdict_passes_bf16_near_ties_only():
-    assert lossless.verdict([]) == "identical"
-    # The first differences of the random head_dim-128 pair on an H100 (2026-11-26): every one
-    # where the plain engine's top two logits were within two bf16 steps.
-    h100 = [(41, 0.031), (13, 0.0), (40, 0.031), (51, 0.0625), (1, 0.0), (12, 0.0), (53, 0.031)]
-    assert lossless.verdict(h100) == "near-ties only"
-    assert lossless.verdict(h100 + [(7, 0.5)]) is False  # a decisive token differs: a wrong token
+def test_the_near_tie_rule_scales_with_the_logits():
+    """Two rounding steps at the logits' magnitude: the first differences of the random
+    head_dim-128 pair on an H100 (2026-11-26), margins up to 1/16, are near-ties at logits in
+    [8, 16) (a step of 1/16), not at logits near 1e-5 (random weights, steps of 2^-24)."""
+    assert lossless.rounding_step(10.0, "bfloat16") == 2**-4
+    assert lossless.rounding_step(0.3, "bfloat16") == 2**-9
+    assert lossless.rounding_step(10.0, "float32") == 2**-20
+    h100 = [0.031, 0.0, 0.031, 0.0625, 0.0, 0.0, 0.031]
+    assert all(lossless.is_near_tie(m, 10.0, "bfloat16") for m in h100)
+    assert not lossless.is_near_tie(0.5, 10.0, "bfloat16")  # a decisive token differs
+    assert not lossless.is_near_tie(0.031, 1e-5, "bfloat16")
+    assert lossless.is_near_tie(0.0, 1e-5, "bfloat16")  # an exact tie
+    assert lossless.is_near_tie(0.1, None, "bfloat16") and not lossless.is_near_tie(0.2, None, "bfloat16")
+    assert lossless.verdict(["identical", "near-ties only"]) == "near-ties only"
+    assert lossless.verdict(["identical", False]) is False
+    assert lossless.verdict(["identical"]) == "identical"
 
 
-def test_compare_finds_each_prompts_first_difference_and_its_margin():
-    plain = [([5, 6, 7], [1.0, 0.02, 3.0]), ([1, 2], [2.0, 2.0])]
-    got = [([5, 9, 7], None), ([1, 2], None)]
-    assert lossless.compare(got, plain) == [(1, 0.02), None]
+class PlainModel:
+    """A deterministic greedy "model": the next token is `table[last token]`, with a margin of
+    `tie_margin` after token 9 (a near-tie between 6 and 9) and 1.0 elsewhere; logprob -0.1."""
+
+    def __init__(self, table: dict, tie_margin: float = 0.01):
+        self.table, self.tie_margin = table, tie_margin
+
+    def generate(self, prefix: list, n: int) -> "lossless.Output":
+        ids, margins, last = [], [], prefix[-1]
+        for _ in range(n):
+            margins.append(self.tie_margin if last == 4 else 1.0)
+            last = self.table[last]
+            ids.append(last)
+        return lossless.Output(ids, [-0.1] * n, margins)
+
+
+def test_after_a_near_tie_the_comparison_resyncs_and_goes_on():
+    """The plain engine: 1 -> 4 -> 6 -> 7 -> 8 -> 1 ..., where after 4 the top two (6 and 9) are
+    a near-tie. DFLASH took 9 at that tie; the plain engine continued from DFLASH's tokens gives
+    9 -> 3 -> 8 -> 1, so DFLASH's [4, 9, 3, 8, 1, 4] is lossless with one near-tie; the same
+    output with a wrong token after the resync is caught there."""
+    model = PlainModel({1: 4, 4: 6, 6: 7, 7: 8, 8: 1, 9: 3, 3: 8})
+    prompt = [1]
+    plain = model.generate(prompt, 6)
+    assert plain.ids == [4, 6, 7, 8, 1, 4]
+
+    def follow(got_ids, logprobs=None):
+        got = lossless.Output(got_ids, logprobs or [-0.1] * len(got_ids), [1.0] * len(got_ids))
+        return lossless.follow(
+            got,
+            plain,
+            lambda prefix: model.generate(prompt + prefix, 6 - len(prefix)),
+            lambda prefix: 10.0,  # logits in [8, 16): a near-tie is within 1/8
+            "bfloat16",
+        )
+
+    result = follow([4, 9, 3, 8, 1, 4])
+    assert result["verdict"] == "near-ties only" and result["ties"] == [(1, 0.01)]
+    # Without the resync the rest of the output would differ from the plain engine's own.
+    assert lossless.first_difference([4, 9, 3, 8, 1, 4][2:], plain.ids[2:]) == 0
+    wrong = follow([4, 9, 3, 5, 1, 4])
+    assert wrong["verdict"] is False and wrong["wrong"] == (3, 1.0, 10.0)
+    assert follow([4, 6, 7, 8, 1, 4])["verdict"] == "identical"
+    assert follow([4, 7, 7, 8, 1, 4])["verdict"] is False  # a difference where the margin is 1.0
+    # Logprobs compared where the tokens agree: 0.25 off at position 2 (after the resync).
+    shifted = follow([4, 9, 3, 8, 1, 4], [-0.1, -0.1, -0.35, -0.1, -0.1, -0.1])
+    assert shifted["max_logprob_difference"] == pytest.approx(0.25)
 
 
 # ---- the clock, the skips and the outputs ----------------------------------------------------

@@ -5,35 +5,50 @@
                                          [--new-tokens 64]
                                          [--prompts-file PAIR/prompts.json]
 
-One plain engine, then our DFLASH with overlap scheduling on and/or off, or with every decode step
-forced through the verify widths that have a graph each, in turn (`--runs`), each through
+Our DFLASH with overlap scheduling on and/or off, or with every decode step forced through the
+verify widths that have a graph each, in turn (`--runs`), then one plain engine, each through
 FlashInfer attention with CUDA graphs on (decode, target verify and the draft step), in bf16.
-Each serves the same prompts at batch 1 (one at a time) and all together; every DFLASH output
-must equal the plain engine's at the same batch size. Prompts are random token ids, or the texts
-of `--prompts-file` (a trained pair's held-out prompts, tokenized with the target's tokenizer:
-there the draft's proposals are accepted, so the multi-token accept path is what is checked).
+Each serves the same prompts at batch 1 (one at a time) and all together, with the chosen
+tokens' logprobs and the top two; every DFLASH output must equal the plain engine's at the same
+batch size. Prompts are random token ids, or the texts of `--prompts-file` (a trained pair's
+held-out prompts, tokenized with the target's tokenizer: there the draft's proposals are
+accepted, so the multi-token accept path is what is checked).
 
-A difference is reported with its first position and the plain engine's top-2 logprob margin
-there. In bf16 the decode and the verify kernels round differently (other tilings), so where the
-plain engine's top two logits are within a couple of bf16 steps either may win: a difference at
-such a near-tie (margin at most NEAR_TIE) is reported, not failed; any other fails (exit 1).
+* **Near-ties.** In bf16 the decode and the verify kernels round differently (other tilings),
+  so where the plain engine's top two logits are within a couple of rounding steps either may
+  win. A step is relative to the logits' own magnitude (`rounding_step`: 1/16 for logits in
+  [8, 16), 2^-24 for logits near 1e-5, as random weights give), measured by the target's
+  transformers forward on CPU at each difference; a difference at a margin of at most
+  TIE_STEPS steps is excused, any other fails (exit 1).
+* **Resync.** After an excused near-tie the two outputs go their own ways, so the plain engine
+  continues from DFLASH's tokens through the tie (at batch 1) and the comparison goes on from
+  there, up to MAX_RESYNCS times per output.
+* **Logprobs.** Where the tokens agree, the chosen tokens' logprobs are compared too: the
+  largest difference is reported per run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 # DFLASH engines: their Engine arguments. "widths" forces every step through the verify widths
 # that get a graph each (`width/verify_widths.py`), in turn (RUN_ENV).
 RUNS = {"overlap": {}, "no-overlap": {"disable_overlap_schedule": True}, "widths": {}}
-# Two bf16 steps of a logit in [8, 16): the margins of a tie broken by rounding. A margin is a
-# difference of two bf16 logits, so it is a whole number of steps (1/32 in [4, 8), 1/16 in [8, 16)).
-NEAR_TIE = 2 * 2**-4
+# A margin is a difference of two logits, so in bf16 a whole number of rounding steps of their
+# magnitude (1/32 in [4, 8), 1/16 in [8, 16)); a tie broken by rounding is within two.
+TIE_STEPS = 2
+MANTISSA_BITS = {"bfloat16": 7, "float32": 23}
+NEAR_TIE = TIE_STEPS * 2**-4  # two bf16 steps at [8, 16): the rule where the logits are not measured
+MAX_RESYNCS = 4  # near-ties followed per output
 # What the kit passes on CUDA (docs/gpu.md, "Serving on a GPU"); CPU runs use SGLang's CPU engine.
 CUDA_ARGS = dict(
     attention_backend="flashinfer",
@@ -66,33 +81,130 @@ def text_prompts(path: str, target: str, count: int) -> list[list[int]]:
     return [tokenizer(t)["input_ids"] for t in texts]
 
 
-def margins(output: dict):
-    """Per generated position, the top-1 minus top-2 logprob; None without logprobs."""
-    top = output["meta_info"].get("output_top_logprobs")
-    return None if top is None else [entries[0][0] - entries[1][0] for entries in top]
+@dataclass
+class Output:
+    """One generation: its token ids, and per position the chosen token's logprob and the top-1
+    minus top-2 logprob margin."""
+
+    ids: list
+    logprobs: list
+    margins: list
+
+    @classmethod
+    def from_engine(cls, output: dict) -> "Output":
+        meta = output["meta_info"]
+        logprobs = [entry[0] for entry in meta["output_token_logprobs"]]
+        margins = [entries[0][0] - entries[1][0] for entries in meta["output_top_logprobs"]]
+        return cls(list(output["output_ids"]), logprobs, margins)
 
 
 def first_difference(got: list, want: list):
     return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
 
 
-def compare(got: list, want: list) -> list:
-    """Per prompt, None where DFLASH's output ids equal the plain engine's, else (the first
-    differing position, the plain engine's top-2 logprob margin there). `got` [(ids, _)],
-    `want` [(ids, margins)]."""
-    out = []
-    for (got_ids, _), (want_ids, plain_margins) in zip(got, want):
-        k = first_difference(got_ids, want_ids)
-        out.append(None if k is None else (k, plain_margins[k]))
+def rounding_step(magnitude: float, dtype: str) -> float:
+    """The spacing of `dtype` numbers at `magnitude`. E.g., (10, bfloat16) -> 1/16,
+    (0.3, bfloat16) -> 1/512, (10, float32) -> 2^-20."""
+    exponent = math.floor(math.log2(magnitude)) if magnitude > 0 else -126
+    return 2.0 ** (exponent - MANTISSA_BITS[dtype])
+
+
+def is_near_tie(margin: float, magnitude: Optional[float], dtype: str) -> bool:
+    """Whether rounding alone can explain a difference at this margin between the plain engine's
+    top two logprobs, at logits of `magnitude` (None: not measured, the fixed NEAR_TIE)."""
+    if magnitude is None:
+        return margin <= NEAR_TIE
+    return margin <= TIE_STEPS * rounding_step(magnitude, dtype)
+
+
+def follow(
+    got: Output,
+    plain: Output,
+    continue_plain: Callable[[list], Output],
+    magnitude: Callable[[list], Optional[float]],
+    dtype: str,
+    max_resyncs: int = MAX_RESYNCS,
+) -> dict:
+    """DFLASH's output `got` against the plain engine's `plain` for one prompt, resyncing after
+    each near-tie: `continue_plain(prefix)` is the plain engine's output after the prompt and
+    DFLASH's first tokens `prefix`; `magnitude(prefix)` the logits' magnitude at the position
+    after `prefix`. Returns {"verdict": "identical" | "near-ties only" | False, "ties":
+    [(position, margin)], "wrong": (position, margin, magnitude) or None,
+    "max_logprob_difference": float}, positions counted from the first generated token.
+
+    E.g., got [5, 9, 7], plain [5, 6, 7] with a margin of 0.01 at position 1 (a near-tie), and
+    the plain engine continuing [5, 9] with [7]: "near-ties only", ties [(1, 0.01)]."""
+    offset, ties, worst = 0, [], 0.0
+    while True:
+        k = first_difference(got.ids[offset:], plain.ids)
+        same = len(plain.ids) if k is None else k
+        pairs = zip(got.logprobs[offset : offset + same], plain.logprobs[:same])
+        worst = max([worst, *(abs(a - b) for a, b in pairs)])
+        result = {"ties": ties, "wrong": None, "max_logprob_difference": worst}
+        if k is None:
+            return {**result, "verdict": "near-ties only" if ties else "identical"}
+        position, margin = offset + k, plain.margins[k]
+        size = magnitude(got.ids[:position])
+        if not is_near_tie(margin, size, dtype):
+            return {**result, "verdict": False, "wrong": (position, margin, size)}
+        ties.append((position, margin))
+        offset = position + 1
+        if offset >= len(got.ids) or len(ties) > max_resyncs:  # the rest unchecked
+            return {**result, "verdict": "near-ties only"}
+        plain = continue_plain(got.ids[:offset])
+
+
+def summary(found: list, bs: int) -> dict:
+    """A run's results at batch size `bs` from each prompt's `follow`."""
+    out = {
+        f"identical_at_bs{bs}": f"{sum(f['verdict'] == 'identical' for f in found)}/{len(found)}",
+        f"max_logprob_difference_at_bs{bs}": round(max(f["max_logprob_difference"] for f in found), 6),
+    }
+    ties = [tie for f in found for tie in f["ties"]]
+    if ties:
+        out[f"near_ties_at_bs{bs}"] = [f"token {k}: plain's top-2 margin {m:.4f}" for k, m in ties]
+    wrong = [f["wrong"] for f in found if f["wrong"] is not None]
+    if wrong:
+        out[f"wrong_at_bs{bs}"] = [
+            f"token {k}: plain's top-2 margin {m:.4f}, logits of "
+            + ("unmeasured" if size is None else f"{size:.3g}")
+            for k, m, size in wrong
+        ]
     return out
 
 
-def verdict(differences: list):
-    """ "identical" without differences; "near-ties only" where each is at a margin of at most
-    NEAR_TIE (bf16 rounding between the verify and decode kernels, not a wrong token); else False."""
-    if not differences:
-        return "identical"
-    return "near-ties only" if all(margin <= NEAR_TIE for _, margin in differences) else False
+def verdict(verdicts: list):
+    """The run's verdict from each output's: False if any is, else "near-ties only" if any is,
+    else "identical"."""
+    if any(v is False for v in verdicts):
+        return False
+    return "near-ties only" if "near-ties only" in verdicts else "identical"
+
+
+class LogitScale:
+    """|top-1 logit| at the end of a sequence, from the target's transformers forward in float32
+    on CPU (loaded at the first call); None, with `why`, where transformers cannot load it."""
+
+    def __init__(self, target: str):
+        self.target, self.model, self.why = target, None, None
+
+    def __call__(self, ids: list) -> Optional[float]:
+        import torch
+
+        if self.model is None and self.why is None:
+            try:
+                from transformers import AutoModelForCausalLM
+
+                self.model = AutoModelForCausalLM.from_pretrained(
+                    self.target, torch_dtype=torch.float32
+                ).eval()
+            except Exception as error:  # a start-up choice, reported in the results
+                self.why = f"{type(error).__name__}: {error}"[:200]
+        if self.model is None:
+            return None
+        with torch.no_grad():
+            logits = self.model(torch.tensor([ids])).logits[0, -1]
+        return float(logits.abs().max())
 
 
 def accept_length(outputs: list) -> float | None:
@@ -131,8 +243,10 @@ def run_env(name: str, draft: str, device: str):
                 os.environ[key] = value
 
 
-def serve(target: str, draft, device: str, ids: list, new_tokens: int, **extra) -> tuple[dict, float, dict]:
-    """({batch size: [(output ids, top-2 margins or None)]}, start-up seconds, stats)."""
+@contextlib.contextmanager
+def engine(target: str, draft, device: str, **extra):
+    """An engine of the target (with our DFLASH and `draft`, unless None): (engine, start-up
+    seconds); shut down after."""
     import sglang as sgl
 
     args = dict(CUDA_ARGS if device == "cuda" else CPU_ARGS, model_path=target, skip_tokenizer_init=True)
@@ -140,21 +254,31 @@ def serve(target: str, draft, device: str, ids: list, new_tokens: int, **extra) 
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
         args.update(speculative_num_draft_tokens=block_size(draft))
     start = time.perf_counter()
-    engine = sgl.Engine(**args, **extra)
+    served = sgl.Engine(**args, **extra)
     started = time.perf_counter() - start
     try:
         if draft is not None:
-            impl = engine.get_server_info()["internal_states"][0].get("dflash_implementation", "")
+            impl = served.get_server_info()["internal_states"][0].get("dflash_implementation", "")
             assert impl.startswith("sglang-dflash"), f"DFLASH is served by {impl or 'SGLang built-in'}"
-        sampling = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
-        # The plain engine's top-2 logprobs tell a bf16 near-tie from a real difference.
-        extra = {} if draft is not None else dict(return_logprob=True, top_logprobs_num=2)
-        out = {1: [engine.generate(input_ids=p, sampling_params=sampling, **extra) for p in ids]}
-        out[len(ids)] = engine.generate(input_ids=ids, sampling_params=sampling, **extra)
-        stats = {f"accept_length_at_bs{bs}": accept_length(outs) for bs, outs in out.items()}
-        return {bs: [(o["output_ids"], margins(o)) for o in outs] for bs, outs in out.items()}, started, stats
+        yield served, started
     finally:
-        engine.shutdown()
+        served.shutdown()
+
+
+def generate(served, prompts: list, new_tokens: int) -> list:
+    """Greedy outputs, with the chosen tokens' logprobs and the top two."""
+    sampling = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    return served.generate(
+        input_ids=prompts, sampling_params=sampling, return_logprob=True, top_logprobs_num=2
+    )
+
+
+def serve_prompts(served, ids: list, new_tokens: int) -> tuple[dict, dict]:
+    """({batch size: [Output]} at batch 1, one prompt at a time, and all together; stats)."""
+    out = {1: [generate(served, [p], new_tokens)[0] for p in ids]}
+    out[len(ids)] = generate(served, ids, new_tokens)
+    stats = {f"accept_length_at_bs{bs}": accept_length(outs) for bs, outs in out.items()}
+    return {bs: [Output.from_engine(o) for o in outs] for bs, outs in out.items()}, stats
 
 
 def main() -> int:
@@ -175,38 +299,60 @@ def main() -> int:
     else:
         with open(os.path.join(args.target, "config.json")) as f:
             ids = random_prompts(json.load(f)["vocab_size"], args.prompts)
-    runs = {"plain": (None, {})}
-    runs.update({f"dflash {name}": (args.draft, RUNS[name]) for name in args.runs.split(",")})
-    outputs, results = {}, {"target": args.target, "draft": args.draft, "runs": {}}
-    for name, (draft, extra) in runs.items():
-        print(f"== {name}", flush=True)
-        with run_env(name, args.draft, args.device):
-            outputs[name], started, stats = serve(
-                args.target, draft, args.device, ids, args.new_tokens, **extra
-            )
-        results["runs"][name] = {"startup_s": round(started, 1)}
-        if draft is not None:
-            results["runs"][name].update({k: round(v, 2) for k, v in stats.items() if v is not None})
-        if args.out:  # after every engine: a run cut short still leaves what finished
+    dtype = (CUDA_ARGS if args.device == "cuda" else CPU_ARGS)["dtype"]
+    results = {"target": args.target, "draft": args.draft, "dtype": dtype, "runs": {}}
+
+    def save():  # after every engine: a run cut short still leaves what finished
+        if args.out:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
-    found = []  # (position, plain's margin) of every first difference
-    for name in [n for n in runs if n != "plain"]:
-        for bs in (1, len(ids)):
-            differences = compare(outputs[name][bs], outputs["plain"][bs])
-            found += [d for d in differences if d is not None]
-            same = differences.count(None)
-            where = [f"token {k}: plain's top-2 margin {m:.3f}" for k, m in filter(None, differences)]
-            results["runs"][name][f"identical_at_bs{bs}"] = f"{same}/{len(ids)}"
-            if where:
-                results["runs"][name][f"first_differences_at_bs{bs}"] = where
-            print(f"{name}, batch {bs}: {same} of {len(ids)} prompts identical to the plain engine")
-            for line in where:
-                print(f"  differs from {line}")
-    results["lossless"] = verdict(found)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+
+    outputs = {}
+    for name in args.runs.split(","):
+        run = f"dflash {name}"
+        print(f"== {run}", flush=True)
+        with run_env(run, args.draft, args.device):
+            with engine(args.target, args.draft, args.device, **RUNS[name]) as (served, started):
+                outputs[run], stats = serve_prompts(served, ids, args.new_tokens)
+        results["runs"][run] = {"startup_s": round(started, 1)}
+        results["runs"][run].update({k: round(v, 2) for k, v in stats.items() if v is not None})
+        save()
+    print("== plain", flush=True)
+    verdicts, scale = [], LogitScale(args.target)
+    with engine(args.target, None, args.device) as (plain_engine, started):
+        plain, _ = serve_prompts(plain_engine, ids, args.new_tokens)
+        results["runs"]["plain"] = {"startup_s": round(started, 1)}
+
+        def continue_plain(prompt: list, prefix: list) -> Output:
+            """The plain engine's own continuation after DFLASH's tokens `prefix` (batch 1)."""
+            return Output.from_engine(
+                generate(plain_engine, [prompt + prefix], args.new_tokens - len(prefix))[0]
+            )
+
+        for run in outputs:
+            for bs in (1, len(ids)):
+                found = [
+                    follow(
+                        got,
+                        want,
+                        functools.partial(continue_plain, prompt),
+                        lambda prefix, prompt=prompt: scale(prompt + prefix),
+                        dtype,
+                    )
+                    for prompt, got, want in zip(ids, outputs[run][bs], plain[bs])
+                ]
+                verdicts += [f["verdict"] for f in found]
+                results["runs"][run].update(summary(found, bs))
+                print(
+                    f"{run}, batch {bs}: {results['runs'][run][f'identical_at_bs{bs}']} identical", flush=True
+                )
+    results["tie_rule"] = (
+        f"{TIE_STEPS} {dtype} rounding steps at the logits' magnitude (transformers, float32, CPU)"
+        if scale.why is None
+        else f"fixed margin {NEAR_TIE} (the logits were not measured: {scale.why})"
+    )
+    results["lossless"] = verdict(verdicts)
+    save()
     return 0 if results["lossless"] else 1
 
 

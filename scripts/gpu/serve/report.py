@@ -159,6 +159,8 @@ def body(state: str) -> str:
         out.append(f"## Lossless, greedy: {os.path.basename(lossless)}\n")
         for name, run in result["runs"].items():
             out.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in run.items()))
+        if "tie_rule" in result:
+            out.append(f"- near-tie rule: {result['tie_rule']}")
         out.append(f"- lossless: {result.get('lossless', 'not finished')}\n")
     rows = race_rows(state)
     if rows:
