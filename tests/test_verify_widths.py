@@ -60,6 +60,8 @@ def test_what_gets_per_width_graphs_and_what_is_refused_by_name():
     assert "LoRA" in refusal(lora=True)
     assert "two-batch overlap" in refusal(two_batch_overlap=True)
     assert "decode" in refusal(disaggregation="decode")
+    assert "torch-compile" in refusal(torch_compile=True)
+    assert "PD multiplexing" in refusal(pdmux=True)
     assert "is 1" in refusal(num_draft_tokens=1)
     with pytest.raises(ValueError, match="SGLANG_DFLASH_VERIFY_GRAPHS"):
         refusal(mode="1")
@@ -258,6 +260,13 @@ def test_step_width_with_verify_widths():
     assert step.policy.allowed.tolist() == [True, True, False, True, False, False, False, True]
     assert not step.decode_when_off  # W = 1 is a verify over one token, on its own backend
     assert step.clock is None  # host clocks off CUDA
+    # Width 1 dropped (memory): a step without draft runs as it would without per-width pairs
+    # (here, on CPU, a verify over one token on B's backend; the decode forward elsewhere).
+    no_one = StepWidth(8, "cpu", 1, Knobs())
+    before = no_one.decode_when_off, no_one.describe()
+    no_one.use_verify_widths((4, 8), graphed=False)
+    assert (no_one.decode_when_off, no_one.describe().split(";")[-1]) == (before[0], before[1].split(";")[-1])
+    assert no_one.policy.allowed.tolist()[:4] == [True, False, False, True]
     forced = StepWidth(8, "cpu", 1, Knobs(widths=(1, 3)))
     with pytest.raises(ValueError, match=r"widths \[3\] have no verify backend"):
         forced.use_verify_widths((1, 2, 4, 8), graphed=False)

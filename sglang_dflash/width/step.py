@@ -82,7 +82,8 @@ class StepWidth:
         """The target verifies at `widths` only, each with its own attention backend, and from
         CUDA graphs when `graphed` (`verify_widths.py`): the policy chooses among them (on CUDA
         it adapts by default now), W = 1 runs a verify over one token on its own backend (unless
-        SGLANG_DFLASH_WIDTH1_FORWARD says otherwise), and on CUDA the steps are timed on the
+        SGLANG_DFLASH_WIDTH1_FORWARD says otherwise, or width 1 has none: then the decode
+        forward, eager), and on CUDA the steps are timed on the
         device (`device_clock.py`). `table`: (batch size, width) -> seconds from timed replays,
         the policy's starting costs."""
         missing = sorted(set(self._widths) - set(widths))
@@ -98,7 +99,7 @@ class StepWidth:
             fair_slack=self._knobs.fair_slack,
             graph_widths=widths,
         )
-        if self._knobs.width1_forward is None:
+        if self._knobs.width1_forward is None and 1 in widths:
             self.decode_when_off, self._off_reason = (
                 False,
                 "a verify forward over one token, on its own backend",

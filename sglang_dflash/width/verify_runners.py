@@ -139,6 +139,8 @@ def verify_widths_for(
         hybrid=_uses_hybrid_state(runner),
         lora=bool(get_lora().enable_lora),
         two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
+        torch_compile=bool(get_exec().graph.enable_torch_compile),
+        pdmux=bool(get_disagg().enable_pdmux),
         disaggregation=str(get_disagg().disaggregation_mode),
         graphs_disabled=check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED),
     )
@@ -153,4 +155,6 @@ def verify_widths_for(
         free_gb=(lambda: _free_gb(runner)) if graphed else None,
         full_width_gb=full_gb,
     )
+    if not widths.pairs:  # every narrower width dropped: B alone, as without them
+        return None, widths.describe()
     return widths, widths.describe()

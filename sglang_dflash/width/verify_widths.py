@@ -63,6 +63,8 @@ def why_not_per_width(
     two_batch_overlap: bool,
     disaggregation: str,
     graphs_disabled: bool,
+    torch_compile: bool = False,
+    pdmux: bool = False,
 ) -> Optional[str]:
     """None when each width gets its own pair, else why not (for the start-up line).
     `mode`: SGLANG_DFLASH_VERIFY_GRAPHS, unset (per-width graphs on CUDA), "0" (none) or
@@ -85,6 +87,8 @@ def why_not_per_width(
         (hybrid, "a hybrid linear-attention target (its state backend is B's)"),
         (lora, "LoRA adapters"),
         (two_batch_overlap, "two-batch overlap"),
+        (torch_compile, "--enable-torch-compile (each width's capture would compile again)"),
+        (pdmux, "PD multiplexing (its graphs plan on its own backend group)"),
         (disaggregation != "null", f"disaggregation mode {disaggregation} (recaptures B's graphs only)"),
     ]
     return next((reason for refused, reason in refusals if refused), None)
