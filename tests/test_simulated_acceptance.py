@@ -7,18 +7,24 @@ from tests import engines
 pytestmark = pytest.mark.sglang
 
 
-def test_simulated_acceptance_length(tiny, monkeypatch):
+def simulated_meta(tiny, monkeypatch, new_tokens: int, method=None) -> list[dict]:
+    """meta_info of 4 requests at simulated acceptance 3, every step at the full width."""
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
-    monkeypatch.setenv("SGLANG_DFLASH_ADAPTIVE_WIDTH", "0")  # every step at the full width
+    monkeypatch.setenv("SGLANG_DFLASH_ADAPTIVE_WIDTH", "0")
+    if method is not None:
+        monkeypatch.setenv("SGLANG_DFLASH_SIMULATE_ACC_METHOD", method)
     engine = engines.start(*tiny.pair("a"), 8)
     try:
-        sampling = {"max_new_tokens": 31, "temperature": 0.0, "ignore_eos": True}
+        sampling = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
         out = engines.generate(engine, engines.prompts(4, seed=9), sampling, 4)
     finally:
         engines.shutdown(engine)
-    for o in out:
-        meta = o["meta_info"]
+    return [o["meta_info"] for o in out]
+
+
+def test_simulated_acceptance_length(tiny, monkeypatch):
+    for meta in simulated_meta(tiny, monkeypatch, 31):
         # The prefill emits 1 token, then every step commits exactly 3: 1 + 10 * 3 = 31.
         assert meta["completion_tokens"] == 31
         assert meta["spec_verify_ct"] == 10
@@ -28,17 +34,8 @@ def test_geometric_simulated_acceptance(tiny, monkeypatch):
     """SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric: each request draws its own commit lengths,
     mean 3 at the full width (rate 0.682 at B = 8): over 4 requests of 121 tokens the mean
     commit per verify is near 3, and the requests differ (SGLang's draw is one per batch)."""
-    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
-    monkeypatch.setenv("SGLANG_DFLASH_SIMULATE_ACC_METHOD", "geometric")
-    monkeypatch.setenv("SGLANG_SIMULATE_ACC_TOKEN_MODE", "real-draft-token")
-    monkeypatch.setenv("SGLANG_DFLASH_ADAPTIVE_WIDTH", "0")
-    engine = engines.start(*tiny.pair("a"), 8)
-    try:
-        sampling = {"max_new_tokens": 121, "temperature": 0.0, "ignore_eos": True}
-        out = engines.generate(engine, engines.prompts(4, seed=9), sampling, 4)
-    finally:
-        engines.shutdown(engine)
-    steps = [o["meta_info"]["spec_verify_ct"] for o in out]
-    mean = sum(o["meta_info"]["completion_tokens"] - 1 for o in out) / sum(steps)
+    metas = simulated_meta(tiny, monkeypatch, 121, method="geometric")
+    steps = [meta["spec_verify_ct"] for meta in metas]
+    mean = sum(meta["completion_tokens"] - 1 for meta in metas) / sum(steps)
     assert 2.6 < mean < 3.4, steps
     assert len(set(steps)) > 1, steps
