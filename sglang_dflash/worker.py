@@ -460,10 +460,8 @@ class DFlashWorker(BaseSpecWorker):
         return block_ids[:, :width], block_positions[:, :width], hidden
 
     def _verify_backend(self, width: int):
-        """The target's attention backend and graph runner of this width, for its verify. Only
-        width 1 can be without one (dropped at start-up for memory, and named there; the policy
-        chooses among the other widths that have one): it then runs on B's, eager."""
-        if self.verify_widths is None or width not in self.verify_widths.pairs:
+        """The target's attention backend and graph runner of this width, for its verify."""
+        if self.verify_widths is None:
             return contextlib.nullcontext()
         return self.verify_widths.active(width)
 

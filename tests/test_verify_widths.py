@@ -117,6 +117,12 @@ def test_a_width_that_does_not_fit_is_dropped_by_name_and_narrower_ones_still_tr
     # 2 and 1: 3.2 + 1 > -0.2, dropped.
     assert sorted(widths.pairs) == [4, 8]
     assert sorted(widths.dropped) == [1, 2]
+    runner = widths.runner
+    with widths.active(1):  # a step without draft still runs: on B's pair, eager
+        assert (runner.attn_backend, runner.decode_cuda_graph_runner) == ("backend-B", "runner-B")
+    with pytest.raises(ValueError, match="verify width 2 has no attention backend"):
+        with widths.active(2):
+            pass
     text = widths.describe()
     assert text.startswith("graphs at 4 (0.5 s, 3.20 GB), 8 (0.5 s, 1.50 GB)")
     assert "; 1 dropped (-0.20 GB free, about 3.20 GB needed + 1.00 GB headroom)" in text

@@ -526,7 +526,7 @@ def policy_for(
     else:
         fairness = f"no request slowed by more than {slack:.0%}"
     policy = WidthPolicy(num_draft_tokens, fair_slack=slack, allowed=graph_widths)
-    among = "" if graph_widths is None else f" among {sorted(set(graph_widths) | {1, num_draft_tokens})}"
+    among = "" if graph_widths is None else f" among {policy.widths[policy.allowed].tolist()}"
     if env == "1":
         return policy, f"adaptive{among} ({ENV_VAR}=1; {fairness})"
     if device_type == "cpu":

@@ -56,13 +56,7 @@ class StepWidth:
         self.device_type = torch.device(device).type
         self.num_draft_tokens = num_draft_tokens  # B
         self._tp_size, self._knobs = tp_size, knobs
-        self.policy, self._policy_reason = policy_for(
-            num_draft_tokens,
-            self.device_type,
-            knobs.adaptive_width,
-            tp_size=tp_size,
-            fair_slack=knobs.fair_slack,
-        )
+        self.policy, self._policy_reason = self._policy_for()
         self.decode_when_off, self._off_reason = decode_when_off(
             self.device_type, knobs.width1_forward, verify_attention.mode()
         )
@@ -78,6 +72,18 @@ class StepWidth:
         self._excluded = 0.0  # seconds of the last decode step that are not its own cost
         self._decode_steps = 0
 
+    def _policy_for(self, graph_widths: Optional[Sequence[int]] = None):
+        """This server's policy and why (`policy.policy_for`), among `graph_widths` if given."""
+        knobs = self._knobs
+        return policy_for(
+            self.num_draft_tokens,
+            self.device_type,
+            knobs.adaptive_width,
+            tp_size=self._tp_size,
+            fair_slack=knobs.fair_slack,
+            graph_widths=graph_widths,
+        )
+
     def use_verify_widths(self, widths: Sequence[int], graphed: bool, table=None) -> None:
         """The target verifies at `widths` only, each with its own attention backend, and from
         CUDA graphs when `graphed` (`verify_widths.py`): the policy chooses among them (on CUDA
@@ -91,14 +97,7 @@ class StepWidth:
             raise ValueError(
                 f"SGLANG_DFLASH_TEST_WIDTHS: widths {missing} have no verify backend ({list(widths)})"
             )
-        self.policy, self._policy_reason = policy_for(
-            self.num_draft_tokens,
-            self.device_type,
-            self._knobs.adaptive_width,
-            tp_size=self._tp_size,
-            fair_slack=self._knobs.fair_slack,
-            graph_widths=widths,
-        )
+        self.policy, self._policy_reason = self._policy_for(widths)
         if self._knobs.width1_forward is None and 1 in widths:
             self.decode_when_off, self._off_reason = (
                 False,

@@ -185,8 +185,10 @@ class VerifyWidths:
     @contextlib.contextmanager
     def active(self, width: int):
         """The model runner verifies at `width` inside this block: its attention backend and
-        graph runner are `width`'s; B's own are put back after (B itself swaps nothing)."""
-        if width == self.num_draft_tokens:
+        graph runner are `width`'s; B's own are put back after. B itself swaps nothing, nor
+        does width 1 where it was dropped at start-up (the policy chooses among the other
+        widths with a pair; a step without draft always exists): it runs on B's, eager."""
+        if width == self.num_draft_tokens or (width == 1 and 1 in self.dropped):
             yield
             return
         pair = self.pairs.get(width)
