@@ -16,6 +16,8 @@ Serving choices (documented for users in docs/):
                                           at once, not queued for one bulk injection before the
                                           next draft (`draft/deferred_injection.py`)
   SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
+  SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN=n the draft's plan-free graphs replay up to n tokens of
+                                          visible context (default 2048; 0: none; `draft/step.py`)
   SGLANG_DFLASH_VERIFY_GRAPHS=0           no verify graphs below the full width on CUDA (narrow
                                           steps eager; the width then fixed unless
                                           SGLANG_DFLASH_ADAPTIVE_WIDTH=1; `width/verify_widths.py`)
@@ -74,6 +76,7 @@ ADAPTIVE_WIDTH_ENV = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
 FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
 WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
 DRAFT_GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"
+DRAFT_PLAN_FREE_ENV = "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN"
 VERIFY_GRAPHS_ENV = "SGLANG_DFLASH_VERIFY_GRAPHS"
 DEFERRED_INJECTION_ENV = "SGLANG_DFLASH_DEFERRED_INJECTION"
 STEP_TIMING_ENV = "SGLANG_DFLASH_STEP_TIMING"
@@ -107,6 +110,7 @@ class Knobs:
     fair_slack: Optional[str] = None
     width1_forward: Optional[str] = None
     draft_graphs: Optional[str] = None
+    draft_plan_free: Optional[str] = None
     verify_graphs: Optional[str] = None
     deferred_injection: bool = True
     step_timing: Optional[str] = None
@@ -138,6 +142,7 @@ class Knobs:
             fair_slack=environ.get(FAIR_SLACK_ENV),
             width1_forward=environ.get(WIDTH1_FORWARD_ENV),
             draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
+            draft_plan_free=environ.get(DRAFT_PLAN_FREE_ENV),
             verify_graphs=environ.get(VERIFY_GRAPHS_ENV),
             deferred_injection=environ.get(DEFERRED_INJECTION_ENV, "1") != "0",
             step_timing=environ.get(STEP_TIMING_ENV) or None,

@@ -309,24 +309,35 @@ class DraftRuntime:
             time.perf_counter() - start,
         )
 
-    def capture_graphs(self, runner, req_to_token: torch.Tensor, env: Optional[str]):
+    def capture_graphs(
+        self, runner, req_to_token: torch.Tensor, env: Optional[str], plan_free_env: Optional[str] = None
+    ):
         """The draft step's CUDA graphs in SGLang's pool (`draft/step.py`, `capture_in_sglang`):
         (GB, seconds), or None when none were captured."""
 
-        def graph_attention(max_size: int):
+        def graph_attention(max_size: int, plan_free_max_len: Optional[int]):
+            # The plan-free layout lists up to the bound per request, whatever the context length.
+            longest = max(self.context_len, plan_free_max_len or 0)
             capacity = flashinfer_attention.kv_indices_capacity(
-                max_size, self.context_len, self.block_size, self.context_window
+                max_size, longest, self.block_size, self.context_window
             )
             buffers = flashinfer_attention.GraphBuffers.allocate(
                 self.config, capacity, self.attention.workspace
             )
 
-            def make_attention(size: int):
+            def make_attention(size: int, **plan_free):
                 return self._flashinfer_attention(
-                    self.attention.scratch_base, size, graph_batch_size=size, graph_buffers=buffers
+                    self.attention.scratch_base,
+                    size,
+                    graph_batch_size=size,
+                    graph_buffers=buffers,
+                    **plan_free,
                 )
 
-            return capacity, make_attention
+            def make_plan_free(size: int):
+                return make_attention(size, plan_free_max_len=plan_free_max_len)
+
+            return capacity, make_attention, make_plan_free if plan_free_max_len is not None else None
 
         return capture_in_sglang(
             self.step,
@@ -335,4 +346,5 @@ class DraftRuntime:
             attention_name=self.attention_name,
             graph_attention=graph_attention,
             env=env,
+            plan_free_env=plan_free_env,
         )

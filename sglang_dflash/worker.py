@@ -243,7 +243,9 @@ class DFlashWorker(BaseSpecWorker):
                 self._additional_graph_time_usage["target_verify"] = sum(p.seconds for p in pairs)
         req_to_token = self.req_to_token_pool.req_to_token
         self.runtime.warm_up(req_to_token)
-        captured = self.runtime.capture_graphs(self.model_runner, req_to_token, self.knobs.draft_graphs)
+        captured = self.runtime.capture_graphs(
+            self.model_runner, req_to_token, self.knobs.draft_graphs, self.knobs.draft_plan_free
+        )
         if captured is not None:
             # In SGLang's start-up accounting (server info, metrics) as the draft's decode graphs.
             used_gb, seconds = captured

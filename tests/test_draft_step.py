@@ -283,6 +283,125 @@ def test_steps_without_a_graph_run_eagerly_and_are_counted(caplog):
     }
 
 
+# ------------------------------------------------------------------ plan-free graphs
+
+
+class PlanFreeSdpa(SdpaDraftAttention):
+    """A plan-free attention's contract on the CPU: planned once, then bound from device
+    tensors only, for contexts up to `bound` (the gather is padded to the bound, as the
+    FlashInfer layout is). Counts its plans and host-planned binds."""
+
+    def __init__(self, config, store, bound, window=None):
+        super().__init__(config, store, window)
+        self.bound, self.plans, self.host_binds = bound, 0, 0
+
+    def plan_once(self, block_size):
+        self.plans += 1
+
+    def bind(self, *args, **kwargs):
+        self.host_binds += 1
+        return super().bind(*args, **kwargs)
+
+    def bind_on_device(self, req_to_token, req_pool_indices, seq_lens, block_size):
+        host_bound = torch.full((seq_lens.shape[0],), self.bound)  # a constant: no read of seq_lens
+        return super().bind(req_to_token, req_pool_indices, seq_lens, host_bound, block_size, False)
+
+
+class LayoutFrozenAtCapture(PlanFreeSdpa):
+    """A broken plan-free attention whose layout is built once, outside the graph (the negative
+    control: a replay would then attend over the capture's lengths and rows)."""
+
+    def bind_on_device(self, *args):
+        if not hasattr(self, "frozen"):
+            self.frozen = super().bind_on_device(*args)
+        return self.frozen
+
+
+def capture_plan_free(step: DraftStep, s: Setup, sizes, bound, kind=PlanFreeSdpa):
+    made = []
+
+    def make_plan_free(b):
+        made.append(kind(s.model.config, s.store, bound, step.context_window))
+        return made[-1]
+
+    step.capture(
+        sizes,
+        lambda b: SdpaDraftAttention(s.model.config, s.store, step.context_window),
+        s.req_to_token,
+        kv_indices_capacity=10**6,
+        capture_context=no_stream,
+        capture_graph=rerun_capture(),
+        make_plan_free=make_plan_free,
+        plan_free_max_len=bound,
+    )
+    return made
+
+
+def test_plan_free_graphs_replay_without_a_host_plan_up_to_their_bound():
+    """Every bucket gets a plan-free graph, planned once at capture. Steps whose visible
+    contexts are within the bound replay it, also on upper-bound host lengths, with no plan on
+    the host, and equal the eager step across buckets, padding, growing contexts and reused
+    pool rows; a longer context replays the split-KV graph, planned for the step."""
+    s = Setup()
+    graphed, eager = sdpa_step(s), sdpa_step(s)
+    made = capture_plan_free(graphed, s, [1, 2, 4], bound=400)
+    assert sorted(graphed.plan_free) == [1, 2, 4] and [a.plans for a in made] == [1, 1, 1]
+    Rerun.replays = 0
+    for seed, lens in enumerate(BATCHES[:4]):
+        for grow, slack in ((0, 0), (1, 0), (17, 60)):  # a few steps later; host bounds
+            rows, bonus, seq_lens, host = s.batch([c + grow for c in lens], seed)
+            got = graphed(s.req_to_token, rows, bonus, seq_lens, host + slack, slack == 0)
+            want = eager(s.req_to_token, rows, bonus, seq_lens, host, True)
+            assert_same_step(got, want, rtol=1e-5, atol=1e-5)
+    assert Rerun.replays == 12 and graphed.eager_steps == {}
+    assert [a.host_binds for a in made] == [0, 0, 0] and [a.plans for a in made] == [1, 1, 1]
+    # The split-KV graphs' attentions are still as planned at capture, for empty requests.
+    assert all(g.attention.context_slots.shape[1] == 0 for g in graphed.graphs.values())
+    # Past the bound: the split-KV graph of the bucket, planned on the host for this step.
+    rows, bonus, seq_lens, host = s.batch([401, 3], 7)
+    got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+    assert_same_step(got, eager(s.req_to_token, rows, bonus, seq_lens, host, True), rtol=1e-5, atol=1e-5)
+    assert Rerun.replays == 13 and graphed.graphs[2].attention.context_slots.shape[1] == 401
+    # Another request pool than the one captured is refused, never read silently.
+    other = s.req_to_token.clone()
+    with pytest.raises(ValueError, match="another req_to_token"):
+        graphed(other, *s.batch([5], 8)[:3], torch.tensor([5]), True)
+
+
+def test_a_plan_free_layout_frozen_at_capture_is_caught():
+    """The negative control of the test above: a layout built outside the captured graph."""
+    s = Setup()
+    graphed, eager = sdpa_step(s), sdpa_step(s)
+    capture_plan_free(graphed, s, [4], bound=400, kind=LayoutFrozenAtCapture)
+    rows, bonus, seq_lens, host = s.batch([5, 300, 2], 3)
+    got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+    want = eager(s.req_to_token, rows, bonus, seq_lens, host, True)
+    assert torch.equal(got[1], want[1])  # positions come from the static inputs
+    assert not torch.allclose(got[2], want[2], rtol=1e-3, atol=1e-3)
+
+
+def test_plan_free_bound_within_the_draft_window():
+    """With a draft window, visible contexts never pass it: every step replays plan-free."""
+    s = Setup()
+    graphed = sdpa_step(s, context_window=8)
+    window = SdpaDraftAttention(s.model.config, s.store, 8)
+    eager = DraftStep(s.forward, s.embedding, window, block_size=BLOCK, mask_token_id=1, context_window=8)
+    capture_plan_free(graphed, s, [2], bound=8)
+    Rerun.replays = 0
+    rows, bonus, seq_lens, host = s.batch([500, 900], 0)
+    got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+    assert_same_step(got, eager(s.req_to_token, rows, bonus, seq_lens, host, True), rtol=1e-5, atol=1e-5)
+    assert Rerun.replays == 1 and graphed.graphs[2].attention.context_slots.shape[1] == 0
+
+
+def test_the_plan_free_bound_knob():
+    assert draft_step.plan_free_max_len(None) == 2048 == draft_step.plan_free_max_len("")
+    assert draft_step.plan_free_max_len("0") is None
+    assert draft_step.plan_free_max_len("512") == 512
+    with pytest.raises(ValueError, match="SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN"):
+        draft_step.plan_free_max_len("-1")
+
+
 def test_page_indices_are_counted_within_the_draft_window():
     s = Setup()
     graphed = sdpa_step(s, context_window=8)
@@ -304,7 +423,7 @@ def test_page_indices_are_counted_within_the_draft_window():
 gpu = pytest.mark.gpu
 
 
-def flashinfer_step(s: Setup, sizes, max_bs=8):
+def flashinfer_step(s: Setup, sizes, max_bs=8, plan_free=None):
     from sglang_dflash.draft import flashinfer_attention as fia
 
     config = s.model.config
@@ -320,7 +439,7 @@ def flashinfer_step(s: Setup, sizes, max_bs=8):
     store.v[:, : s.num_target_slots].copy_(s.store.v)
     s.store = store  # slot reuse below rewrites this one
 
-    def make(b=None):
+    def make(b=None, **plan_free):
         return fia.FlashInferDraftAttention(
             config,
             store,
@@ -328,6 +447,7 @@ def flashinfer_step(s: Setup, sizes, max_bs=8):
             max_batch_size=b or max_bs,
             graph_batch_size=b,
             graph_buffers=buffers if b else None,
+            **plan_free,
         )
 
     eager_attention = make()
@@ -335,7 +455,14 @@ def flashinfer_step(s: Setup, sizes, max_bs=8):
     buffers = fia.GraphBuffers.allocate(config, capacity, eager_attention.workspace)
     graphed = DraftStep(s.forward, s.embedding, eager_attention, block_size=BLOCK, mask_token_id=1)
     eager = DraftStep(s.forward, s.embedding, make(), block_size=BLOCK, mask_token_id=1)
-    graphed.capture(sizes, make, s.req_to_token, kv_indices_capacity=capacity)
+    graphed.capture(
+        sizes,
+        make,
+        s.req_to_token,
+        kv_indices_capacity=capacity,
+        make_plan_free=(lambda b: make(b, plan_free_max_len=plan_free)) if plan_free else None,
+        plan_free_max_len=plan_free,
+    )
     return graphed, eager
 
 
@@ -413,14 +540,18 @@ def test_the_benchmark_keeps_no_autograd_history_across_steps(served):
 
 
 @gpu
+@pytest.mark.parametrize("plan_free", [None, 1024], ids=["split-kv-graphs", "plan-free-up-to-1024"])
 @pytest.mark.parametrize("forward", ["module", "fused"])
-def test_cuda_graphs_equal_the_eager_step(forward):
+def test_cuda_graphs_equal_the_eager_step(forward, plan_free):
+    """With plan-free graphs up to 1024 tokens, the contexts below replay them and the longer
+    ones (600 + 700, 1300) the split-KV graphs."""
     from sglang_dflash.draft.fused_forward import FusedDraftForward
 
     s = Setup(device="cuda", dtype=torch.bfloat16, shape="small-hd128")
     if forward == "fused":
         s.forward = FusedDraftForward(s.model, 4096)
-    graphed, eager = flashinfer_step(s, [1, 2, 4, 8])
+    graphed, eager = flashinfer_step(s, [1, 2, 4, 8], plan_free=plan_free)
+    assert len(graphed.plan_free) == (4 if plan_free else 0)
     tol = dict(rtol=5e-2, atol=5e-2)  # bf16; the argmax check below is the tight one
     for seed, lens in enumerate(BATCHES):
         for grow in (0, 1, 700):  # longer contexts than at capture, and than the last replay

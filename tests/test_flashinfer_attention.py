@@ -104,7 +104,7 @@ def test_upper_bound_host_lengths_plan_without_split_kv(exact):
     attn = object.__new__(fia.FlashInferDraftAttention)  # __init__ refuses a CPU store
     attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, 4, None
     attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
-    attn.graph_batch_size, attn._planned = None, None
+    attn.graph_batch_size, attn._planned, attn.plan_free_max_len = None, None, None
     attn.store = DraftKVStore(
         num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
     )
@@ -191,6 +191,79 @@ def test_scratch_size():
 
 
 # ----------------------------------------------------------------------------- GPU
+
+
+def test_a_bounded_device_layout_lists_what_the_host_sized_one_lists():
+    """The plan-free layout: sized by a bound fixed at capture (not by this step's host
+    lengths), from device tensors only; its first kv_indptr[-1] entries are the exact layout.
+    Padded rows (pool row 0, no context) list only their block."""
+    context_lens = [3, 1, 40, 0]
+    req_to_token, rows = make_req_to_token(context_lens, 500)
+    rows[-1] = 0
+    lens = torch.tensor(context_lens)
+    for window in (None, 5):
+        exact = fia.paged_layout(req_to_token, rows, lens, lens, BLOCK, 1000, window)
+        kv_indptr, kv_indices = fia.device_layout(
+            req_to_token, rows, lens, BLOCK, 1000, window, 4 * (64 + BLOCK)
+        )
+        n = int(exact.kv_indptr[-1])
+        assert torch.equal(kv_indptr, exact.kv_indptr) and kv_indices.shape == (4 * (64 + BLOCK),)
+        assert torch.equal(kv_indices[:n], exact.kv_indices[:n])
+        assert kv_indices[n - BLOCK : n].tolist() == [1000 + 3 * BLOCK + j for j in range(BLOCK)]
+
+
+def plan_free_stand_in(b, bound, window=None):
+    """A plan-free attention over stand-in wrappers (`__init__` refuses a CPU store), with the
+    fixed buffers FlashInfer's graph mode gives every layer kind."""
+    plans = []
+
+    class Wrapper:
+        def plan(self, *args, **kwargs):
+            plans.append((args, kwargs))
+
+    config = make_config(["full_attention", "sliding_attention"], window=24)
+    attn = object.__new__(fia.FlashInferDraftAttention)
+    attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, b, window
+    attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
+    attn.graph_batch_size, attn._planned, attn.plan_free_max_len = b, None, bound
+    attn.store = DraftKVStore(
+        num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
+    )
+    attn.kinds = [fia.layer_kind(config, i) for i in range(2)]
+    attn.layout_total = attn.plan_free_total(b, BLOCK)
+    indptr, indices = torch.zeros(b + 1, dtype=torch.int32), torch.zeros(attn.layout_total, dtype=torch.int32)
+    attn.wrappers = {kind: Wrapper() for kind in set(attn.kinds)}
+    for wrapper in attn.wrappers.values():
+        wrapper._paged_kv_indptr_buf, wrapper._paged_kv_indices_buf = indptr, indices
+    return attn, plans
+
+
+def test_a_plan_free_attention_plans_once_without_split_kv_and_binds_on_the_device():
+    """Its one plan: b empty requests of Bd rows, split-KV off, per layer kind (the work
+    partition then depends on nothing else). Each step's binding plans nothing and writes the
+    exact layout into the buffers the planned kernels read."""
+    attn, plans = plan_free_stand_in(b=4, bound=64)
+    assert attn.layout_total == 4 * (64 + BLOCK)
+    attn.plan_once(BLOCK)
+    assert len(plans) == 2
+    for args, kwargs in plans:
+        assert kwargs["disable_split_kv"] is True
+        assert args[0].tolist() == args[1].tolist() == [i * BLOCK for i in range(5)]
+    context_lens = [3, 9, 64, 0]
+    req_to_token, rows = make_req_to_token(context_lens, 1000)
+    rows[-1] = 0  # a padded row
+    lens = torch.tensor(context_lens)
+    assert attn.bind_on_device(req_to_token, rows, lens, BLOCK) is attn and len(plans) == 2
+    exact = fia.paged_layout(req_to_token, rows, lens, lens, BLOCK, 100)
+    wrapper = next(iter(attn.wrappers.values()))
+    n = int(exact.kv_indptr[-1])
+    assert torch.equal(wrapper._paged_kv_indptr_buf, exact.kv_indptr)
+    assert torch.equal(wrapper._paged_kv_indices_buf[:n], exact.kv_indices[:n])
+    assert attn.bs == 4
+    with pytest.raises(ValueError, match="planned once"):
+        attn.bind(req_to_token, rows, lens, lens, BLOCK)
+    # Within a draft window the bound is the window's.
+    assert plan_free_stand_in(b=2, bound=64, window=8)[0].layout_total == 2 * (8 + BLOCK)
 
 
 def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtype, window=None):
@@ -319,3 +392,53 @@ def test_graph_mode_grows_the_shared_workspace_for_large_buckets():
     q = torch.randn(b * BLOCK, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b * BLOCK, 8, 128, device="cuda", dtype=torch.bfloat16)
     assert attn(0, q, k, torch.randn_like(k)).isfinite().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 256], ids=["all-context", "draft-window-256"])
+def test_one_plan_free_plan_serves_every_later_step(window):
+    """The plan-free claim on FlashInfer's kernels: one plan, made at capture for empty requests
+    with split-KV off, then steps of other lengths (up to the bound, padded rows included) bound
+    on the device only, each against the SDPA oracle, in a graph-mode wrapper."""
+    cfg = make_config(["full_attention", "sliding_attention", "full_attention"], window=40)
+    b, bound, dtype = 4, 2048, torch.bfloat16
+    target_slots = 3 * (bound + 2 * BLOCK) * b + 8
+    store = DraftKVStore(
+        num_slots=target_slots + fia.num_scratch_slots(b, BLOCK),
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=dtype,
+        device="cuda",
+    )
+    store.k.normal_()
+    store.v.normal_()
+    workspace = torch.empty(fia.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    buffers = fia.GraphBuffers.allocate(cfg, fia.kv_indices_capacity(b, bound, BLOCK), workspace)
+    attn = fia.FlashInferDraftAttention(
+        cfg,
+        store,
+        scratch_base=target_slots,
+        max_batch_size=b,
+        context_window=window,
+        graph_batch_size=b,
+        graph_buffers=buffers,
+        plan_free_max_len=bound,
+    )
+    attn.plan_once(BLOCK)
+    for seed, context_lens in enumerate([[1, 2000, 17, 300], [2048, 5, 0, 0], [64, 64, 64, 1500]]):
+        torch.manual_seed(seed)
+        req_to_token, rows = make_req_to_token(context_lens, target_slots, seed)
+        lens = torch.tensor(context_lens)
+        attn.bind_on_device(req_to_token.cuda(), rows.cuda(), lens.cuda(), BLOCK)
+        n, heads, kvh, d = b * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        for layer_id in range(cfg.num_hidden_layers):
+            q = torch.randn(n, heads, d, device="cuda", dtype=dtype)
+            k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+            v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+            got = attn(layer_id, q, k, v)
+            inputs = (cfg, store, req_to_token, rows, lens, q, k, v, layer_id)
+            want = sdpa_oracle(*inputs, torch.float32, window)
+            same_dtype = sdpa_oracle(*inputs, dtype, window)
+            err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
+            assert err <= max(2 * base, 1e-2), (seed, layer_id, float(err), float(base))

@@ -27,6 +27,7 @@ def test_every_knob_is_read_from_its_variable():
         "SGLANG_DFLASH_FAIR_SLACK": "off",
         "SGLANG_DFLASH_WIDTH1_FORWARD": "decode",
         "SGLANG_DFLASH_DRAFT_CUDA_GRAPH": "0",
+        "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN": "512",
         "SGLANG_DFLASH_VERIFY_GRAPHS": "eager",
         "SGLANG_DFLASH_DEFERRED_INJECTION": "0",
         "SGLANG_DFLASH_STEP_TIMING": "steps.jsonl",
@@ -47,6 +48,7 @@ def test_every_knob_is_read_from_its_variable():
         fair_slack="off",
         width1_forward="decode",
         draft_graphs="0",
+        draft_plan_free="512",
         verify_graphs="eager",
         deferred_injection=False,
         step_timing="steps.jsonl",
@@ -71,7 +73,7 @@ def test_every_knob_is_read_from_its_variable():
 def test_the_knobs_module_lists_every_variable_it_reads():
     """Each `*_ENV` name is documented in the module's docstring, one line each."""
     names = [value for key, value in vars(knobs_module).items() if key.endswith("_ENV")]
-    assert len(names) == 19
+    assert len(names) == 20
     for name in names:
         assert name in knobs_module.__doc__, name
 

@@ -10,13 +10,19 @@ the 15 proposal positions: `DraftStep` plus the head, as `worker._draft` runs it
 
   eager-module   the draft layers module by module, eager (how the step was served before).
   eager-fused    the fused forward (`sglang_dflash/draft/fused_forward.py`), eager.
-  graphed        as served now: `DraftStep` replaying its CUDA graph (fused forward), after the
-                 host plan, then the head.
+  graphed        `DraftStep` replaying its split-KV CUDA graph (fused forward), after the host
+                 plan, then the head: as served above the plan-free bound
+                 (SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN, default 2048 tokens).
+  plan-free      `DraftStep` replaying its plan-free graph (planned once at capture, split-KV
+                 off, the layout built inside the graph), then the head: as served up to the
+                 bound. Here it is captured with the bound at the case's context, so every
+                 context runs it; compare the two to set the default bound.
 
 For each, `step` is the wall time of back-to-back steps (host work of one step overlaps the
 device work of the one before, as in serving), and `synced` the wall time of a step followed by
 a device sync (nothing overlaps). Pieces, device time from CUDA events: the graph replay alone,
-the LM head and argmax, and the host time of the attention plan (`bind`).
+the LM head and argmax, the host time of the attention plan (`bind`), and the plan-free graph's
+replay alone.
 
 Limits, from this run's own measurements: memory-bound = bytes the step must read (draft
 weights, LM head, context K/V) / the device's read bandwidth (the faster of a large copy and a
@@ -141,7 +147,7 @@ class Case:
         self.seq_lens = torch.full((bs,), context, device="cuda")
         self.host_lens = torch.full((bs,), context)
 
-    def attention(self, config, graph_batch_size=None, buffers=None, workspace=None):
+    def attention(self, config, graph_batch_size=None, buffers=None, workspace=None, **plan_free):
         return fia.FlashInferDraftAttention(
             config,
             self.store,
@@ -150,6 +156,7 @@ class Case:
             graph_batch_size=graph_batch_size,
             graph_buffers=buffers,
             workspace=workspace,
+            **plan_free,
         )
 
     def step_inputs(self):
@@ -183,6 +190,7 @@ def bench_case(model, fused, head, case: Case, args, bandwidth: float, flops: fl
         forward, head.embedding, eager_attention, block_size=BLOCK, mask_token_id=1
     )
     eager_module, eager_fused, graphed = make_step(model), make_step(fused), make_step(fused)
+    plan_free = make_step(fused)
     capacity = fia.kv_indices_capacity(case.bs, case.context, BLOCK)
     buffers = fia.GraphBuffers.allocate(config, capacity, eager_attention.workspace)
     graphed.capture(
@@ -190,6 +198,14 @@ def bench_case(model, fused, head, case: Case, args, bandwidth: float, flops: fl
         lambda b: case.attention(config, b, buffers),
         case.req_to_token,
         kv_indices_capacity=capacity,
+    )
+    plan_free.capture(
+        [case.bs],
+        lambda b: case.attention(config, b, buffers),
+        case.req_to_token,
+        kv_indices_capacity=capacity,
+        make_plan_free=lambda b: case.attention(config, b, buffers, plan_free_max_len=case.context),
+        plan_free_max_len=case.context,
     )
     inputs = case.step_inputs()
 
@@ -204,14 +220,22 @@ def bench_case(model, fused, head, case: Case, args, bandwidth: float, flops: fl
         "eager-module": served(eager_module),
         "eager-fused": served(eager_fused),
         "graphed": served(graphed),
+        "plan-free": served(plan_free),
     }
     # The graphed step against the eager one, once: the same proposals where not a near-tie.
     want, got = eager_module(*inputs)[2][:, 1:].clone(), graphed(*inputs)[2][:, 1:].clone()
     agree = float((head.argmax(want) == head.argmax(got)).float().mean())
+    got = plan_free(*inputs)[2][:, 1:].clone()
+    agree_plan_free = float((head.argmax(want) == head.argmax(got)).float().mean())
     for run in paths.values():
         for _ in range(3):
             run()
-    result = {"bs": case.bs, "context": case.context, "proposals_agree": agree}
+    result = {
+        "bs": case.bs,
+        "context": case.context,
+        "proposals_agree": agree,
+        "plan_free_proposals_agree": agree_plan_free,
+    }
     for name, run in paths.items():
         result[name] = {
             "step": repeat(lambda run=run: wall_ms(run, args.iters, False), args.repeats),
@@ -224,6 +248,9 @@ def bench_case(model, fused, head, case: Case, args, bandwidth: float, flops: fl
         "lm_head+argmax": repeat(lambda: device_ms(lambda: head.argmax(hidden), args.iters), args.repeats),
         "plan (host)": repeat(
             lambda: wall_ms(lambda: g.attention.bind(*bind_inputs(g, case)), args.iters, True), args.repeats
+        ),
+        "plan-free replay": repeat(
+            lambda: device_ms(plan_free.plan_free[case.bs].graph.replay, args.iters), args.repeats
         ),
     }
     result["memory_limit"] = case.nbytes(model, args.vocab) / bandwidth * 1e3
@@ -280,9 +307,10 @@ def run(args) -> None:
             print(
                 f"\nbs {bs:>3}  context {context:>5}  memory-bound {r['memory_limit']:.3f} ms  "
                 f"compute-bound {r['compute_limit']:.3f} ms  "
-                f"proposals graphed == eager: {r['proposals_agree']:.3f}"
+                f"proposals graphed == eager: {r['proposals_agree']:.3f}, "
+                f"plan-free == eager: {r['plan_free_proposals_agree']:.3f}"
             )
-            for name in ("eager-module", "eager-fused", "graphed"):
+            for name in ("eager-module", "eager-fused", "graphed", "plan-free"):
                 step = r[name]["step"]
                 print(
                     f"  {name:<13} step {step}  synced {r[name]['synced']}  "

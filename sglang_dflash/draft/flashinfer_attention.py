@@ -37,6 +37,17 @@ takes): FlashInfer's graph-mode plan always splits the KV, pads its grid to a si
 not depend on the lengths, and keeps its work partition in device buffers at fixed offsets, so
 one captured `run` serves every later plan of the same batch size.
 
+Plan-free graphs (`fixed_plan=True`, graph mode): with split-KV off, FlashInfer's graph-mode plan
+depends on nothing but the batch size and the query rows (b x Bd): one chunk per request and
+query tile, a grid padded to a fixed size with a mask over the padding, and the kernel reading
+each request's KV length from the device `kv_indptr` (FlashInfer 0.7.2, `PrefillSplitQOKVIndptr`
+and `PrefillPlanImpl` in `attention/scheduler.cuh`). Such an attention plans once, at capture,
+into int workspaces of its own (another bucket's plan must not overwrite it), and its
+`bind_on_device` builds the layout from device tensors only, into the fixed buffers, inside the
+captured graph: a replay then needs no host work beyond copying its inputs in. The price is
+split-KV's parallelism (one CTA per KV head and query tile of a request), so `step.py` replays
+these graphs only for contexts up to a bound, and the layout covers b x (bound + Bd) entries.
+
 A plan writes its work partition into a pinned host buffer and copies it to the device
 asynchronously; nothing in FlashInfer stops the next plan of the same wrapper from overwriting
 that host buffer before the copy has run. `bind` therefore waits for the previous plan's copies
@@ -153,6 +164,42 @@ class PagedLayout:
     kv_indices: torch.Tensor  # [kv_indptr_host[-1]] int32, device; valid up to kv_indptr[-1]
 
 
+def device_layout(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_size: int,
+    scratch_base: int,
+    window: Optional[int],
+    total: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indptr [bs + 1], kv_indices [total]) int32 on the device, from device tensors only:
+    each request's visible committed context (the last `window` tokens, or all), then its
+    block's scratch slots. `total` >= the exact sum of the lengths (a host bound); the entries
+    past the exact sum are never read. No host sync, so it can run inside a CUDA graph.
+
+    req_to_token [pool, max_len], req_pool_indices [bs], context_lens [bs] (exact).
+    E.g., C = [2, 1], Bd = 2, scratch_base = 100, rows r0 -> [5, 6, ...], r1 -> [9, ...]:
+    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103]; with window = 1,
+    kv_indptr = [0, 3, 6], kv_indices = [6, 100, 101, 9, 102, 103].
+    """
+    bs, device = context_lens.shape[0], context_lens.device
+    start, visible = context_window(context_lens, window)  # [bs], [bs]
+    lens = visible.to(torch.int32) + block_size
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
+    torch.cumsum(lens, dim=0, dtype=torch.int32, out=kv_indptr[1:])
+    t = torch.arange(total, dtype=torch.int32, device=device)
+    # Request of each entry; entries past the exact total (host slack) land in the last row and
+    # are never read.
+    row = torch.searchsorted(kv_indptr[1:], t, right=True).clamp_(max=bs - 1)
+    offset = t - kv_indptr[row]
+    row_context = visible.to(torch.int32)[row]
+    col = (start.to(torch.int32)[row] + offset).clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
+    context_slot = req_to_token[req_pool_indices.to(torch.int64)[row], col].to(torch.int32)
+    block_slot = scratch_base + row * block_size + (offset - row_context)
+    return kv_indptr, torch.where(offset < row_context, context_slot, block_slot).to(torch.int32)
+
+
 def paged_layout(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -162,36 +209,22 @@ def paged_layout(
     scratch_base: int,
     window: Optional[int] = None,
 ) -> PagedLayout:
-    """Each request's keys as slot ids: its visible committed context (the last `window` tokens,
-    or all), then its block's scratch slots.
-
-    req_to_token [pool, max_len], req_pool_indices [bs], context_lens [bs] (device, exact),
-    context_lens_cpu [bs] (host, >= context_lens). Device work only; no host sync.
-    E.g., C = [2, 1], Bd = 2, scratch_base = 100, rows r0 -> [5, 6, ...], r1 -> [9, ...]:
-    kv_indptr = [0, 4, 7], kv_indices = [5, 6, 100, 101, 9, 102, 103]; with window = 1,
-    kv_indptr = [0, 3, 6], kv_indices = [6, 100, 101, 9, 102, 103].
-    """
-    bs, device = context_lens.shape[0], context_lens.device
-    start, visible = context_window(context_lens, window)  # [bs], [bs]
+    """`device_layout` sized by the host lengths, with the host indptrs a plan takes.
+    context_lens [bs] (device, exact), context_lens_cpu [bs] (host, >= context_lens)."""
+    bs = context_lens.shape[0]
     visible_cpu = context_lens_cpu if window is None else context_lens_cpu.clamp(max=window)
-    lens = visible.to(torch.int32) + block_size
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
-    torch.cumsum(lens, dim=0, dtype=torch.int32, out=kv_indptr[1:])
     host_lens = visible_cpu.to(torch.int32) + block_size
     kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
     torch.cumsum(host_lens, dim=0, dtype=torch.int32, out=kv_indptr_host[1:])
-    total_bound = int(kv_indptr_host[-1])
-
-    t = torch.arange(total_bound, dtype=torch.int32, device=device)
-    # Request of each entry; entries past the exact total (host slack) land in the last row and
-    # are never read.
-    row = torch.searchsorted(kv_indptr[1:], t, right=True).clamp_(max=bs - 1)
-    offset = t - kv_indptr[row]
-    row_context = visible.to(torch.int32)[row]
-    col = (start.to(torch.int32)[row] + offset).clamp(0, req_to_token.shape[1] - 1).to(torch.int64)
-    context_slot = req_to_token[req_pool_indices.to(torch.int64)[row], col].to(torch.int32)
-    block_slot = scratch_base + row * block_size + (offset - row_context)
-    kv_indices = torch.where(offset < row_context, context_slot, block_slot).to(torch.int32)
+    kv_indptr, kv_indices = device_layout(
+        req_to_token,
+        req_pool_indices,
+        context_lens,
+        block_size,
+        scratch_base,
+        window,
+        int(kv_indptr_host[-1]),
+    )
     return PagedLayout(
         qo_indptr_host=torch.arange(bs + 1, dtype=torch.int32) * block_size,
         kv_indptr_host=kv_indptr_host,
@@ -217,10 +250,13 @@ class FlashInferDraftAttention:
         workspace: Optional[torch.Tensor] = None,
         graph_batch_size: Optional[int] = None,
         graph_buffers: Optional[GraphBuffers] = None,
+        plan_free_max_len: Optional[int] = None,
     ):
         """`workspace`: FlashInfer's float workspace, to share between instances that never
         run at once (else `workspace_bytes` are allocated). `graph_batch_size`: CUDA-graph mode
-        for exactly that many requests, over `graph_buffers`."""
+        for exactly that many requests, over `graph_buffers`. `plan_free_max_len`: graph mode
+        planned once, without split-KV, for visible contexts up to that many tokens
+        (`plan_once`, `bind_on_device`; module docstring)."""
         reason = unavailable_reason(config, store.k.device)
         if reason is not None:
             raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
@@ -248,6 +284,9 @@ class FlashInferDraftAttention:
         device = store.k.device
         self.graph_batch_size = graph_batch_size
         graph_mode = {}
+        self.plan_free_max_len = plan_free_max_len
+        if plan_free_max_len is not None and graph_batch_size is None:
+            raise ValueError("plan_free_max_len needs CUDA-graph mode (graph_batch_size)")
         if graph_batch_size is not None:
             if graph_batch_size != max_batch_size or graph_buffers is None:
                 raise ValueError(
@@ -273,7 +312,24 @@ class FlashInferDraftAttention:
             )
             for kind in set(self.kinds)
         }
-        if graph_buffers is not None:
+        if plan_free_max_len is not None:
+            # Planned once and replayed from then on: int workspaces of its own, which no other
+            # bucket's plan rewrites. Without split-KV the float workspace is not used.
+            for kind, wrapper in self.wrappers.items():
+                _, int_bytes = self._graph_workspace_bytes(
+                    wrapper, kind, graph_batch_size, disable_split_kv=True
+                )
+                own = torch.empty(max(int_bytes, 1024), dtype=torch.uint8, device=device)
+                wrapper.reset_workspace_buffer(graph_buffers.workspace, own)
+            self.workspace = graph_buffers.workspace
+            self.layout_total = self.plan_free_total(graph_batch_size, config.block_size)
+            if self.layout_total > graph_buffers.kv_indices.numel():
+                raise ValueError(
+                    f"a plan-free layout of {graph_batch_size} x ({plan_free_max_len} + "
+                    f"{config.block_size}) page indices exceeds the buffer "
+                    f"({graph_buffers.kv_indices.numel()})"
+                )
+        elif graph_buffers is not None:
             # Graph mode always splits the KV, over a grid padded for b requests: its scratch
             # grows with b (about 200 MB at b = 256 for 32/8 heads of 128), past the default.
             for kind, wrapper in self.wrappers.items():
@@ -289,7 +345,15 @@ class FlashInferDraftAttention:
                     "this FlashInfer version has no BatchPrefillWithPagedKVCacheWrapper._paged_kv_indptr_buf"
                 )
 
-    def _graph_workspace_bytes(self, wrapper, kind: LayerKind, b: int) -> tuple[int, int]:
+    def plan_free_total(self, b: int, block_size: int) -> int:
+        """Page indices a plan-free layout lists for b requests: each request's visible context
+        at most `plan_free_max_len` (or the draft window), and its block.
+        E.g., b 4, bound 2048, Bd 16 -> 4 * 2064; with a window of 256 -> 4 * 272."""
+        return kv_indices_capacity(b, self.plan_free_max_len, block_size, self.context_window)
+
+    def _graph_workspace_bytes(
+        self, wrapper, kind: LayerKind, b: int, disable_split_kv: bool = False
+    ) -> tuple[int, int]:
         """FlashInfer's (float, int) workspace bytes for a graph-mode plan of b requests. Its
         grid and split-KV scratch depend on b and the query rows (b x Bd), not on the context
         lengths, so b empty requests stand for every plan of this bucket."""
@@ -308,6 +372,7 @@ class FlashInferDraftAttention:
             window_left=kind.window_left,
             q_data_type=self.q_dtype,
             kv_data_type=self.store.k.dtype,
+            disable_split_kv=disable_split_kv,
         )
 
     def bind(
@@ -331,6 +396,8 @@ class FlashInferDraftAttention:
             )
         if block_size != self.config.block_size:
             raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
+        if self.plan_free_max_len is not None:
+            raise ValueError("a plan-free attention is planned once (plan_once) and bound on the device")
         self.bs, self.block_size = bs, block_size
         layout = paged_layout(
             req_to_token,
@@ -367,11 +434,72 @@ class FlashInferDraftAttention:
                 wrapper._paged_kv_indptr_buf = layout.kv_indptr
             else:  # a captured run reads the fixed buffer
                 wrapper._paged_kv_indptr_buf.copy_(layout.kv_indptr)
+        self._record_planned()
+        self.layout = layout  # keeps the device buffers alive for the step
+        return self
+
+    def _record_planned(self) -> None:
         if self.store.k.device.type == "cuda":
             if self._planned is None:
                 self._planned = torch.cuda.Event()
             self._planned.record()
-        self.layout = layout  # keeps the device buffers alive for the step
+
+    def plan_once(self, block_size: int) -> None:
+        """A plan-free attention's only plan: b requests of Bd query rows each, split-KV off.
+        The work partition it writes depends on nothing else (module docstring), so every later
+        replay reuses it; the KV lengths come from the device indptr `bind_on_device` writes."""
+        b = self.graph_batch_size
+        if self.plan_free_max_len is None:
+            raise ValueError("plan_once is for plan-free attentions (plan_free_max_len)")
+        if block_size != self.config.block_size:
+            raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
+        indptr = torch.arange(b + 1, dtype=torch.int32) * block_size  # empty contexts
+        device = self.store.k.device
+        for kind, wrapper in self.wrappers.items():
+            wrapper.plan(
+                indptr,
+                indptr,
+                torch.zeros(b * block_size, dtype=torch.int32, device=device),
+                torch.ones(b, dtype=torch.int32),
+                self.num_heads,
+                self.num_kv_heads,
+                self.config.head_dim,
+                1,  # page size
+                causal=kind.causal,
+                window_left=kind.window_left,
+                sm_scale=self.scale,
+                q_data_type=self.q_dtype,
+                kv_data_type=self.store.k.dtype,
+                non_blocking=True,
+                disable_split_kv=True,
+            )
+        self._record_planned()
+
+    def bind_on_device(
+        self,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+    ) -> "FlashInferDraftAttention":
+        """A plan-free attention's per-step binding, from device tensors only (captured in the
+        graph): this step's layout into the fixed buffers the planned kernels read. Every
+        request's visible context must be at most `plan_free_max_len` (the caller's check)."""
+        if self.plan_free_max_len is None:
+            raise ValueError("bind_on_device is for plan-free attentions (plan_free_max_len)")
+        kv_indptr, kv_indices = device_layout(
+            req_to_token,
+            req_pool_indices,
+            context_lens,
+            block_size,
+            self.scratch_base,
+            self.context_window,
+            self.layout_total,
+        )
+        wrapper = next(iter(self.wrappers.values()))
+        wrapper._paged_kv_indptr_buf.copy_(kv_indptr)  # one buffer for every layer kind
+        wrapper._paged_kv_indices_buf[: self.layout_total].copy_(kv_indices)
+        self.bs, self.block_size = context_lens.shape[0], block_size
         return self
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

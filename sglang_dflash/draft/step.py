@@ -18,6 +18,16 @@ plan runs on the host before each replay, with the exact host lengths, into fixe
 graph reads (`flashinfer_attention.py`). The LM head stays outside, so the proposals cost the
 step's verify width, and a grammar batch can read full logits off the same hidden states.
 
+Plan-free graphs. A graph-mode plan costs host time every step (the page layout's small
+kernels, the plan's host loop and copies): about 0.9 ms at batch 1 on an H100, more than the
+draft's own forward there. So each bucket has a second graph whose attention is planned once,
+at capture, without split-KV, and builds its layout on the device inside the graph
+(`flashinfer_attention.py`, `plan_free_max_len`): its replay costs three small copies on the
+host. Without split-KV a long context runs on few CTAs, so it replays only while every
+request's visible context is at most a bound (`SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN`, default
+2048 tokens; 0: none), read from the host lengths, which for this need not be exact; above
+it the split-KV graph and its per-step plan run.
+
 Padding. A batch of bs requests replays the smallest bucket b >= bs, as SGLang pads its own
 graphs: rows bs..b-1 are a request with no context (`seq_lens` 0, request-pool row 0) whose
 block attends only to itself, in its own scratch slots; their outputs are never read.
@@ -44,6 +54,7 @@ import torch
 
 from sglang_dflash.draft.block import prepare_draft_block
 from sglang_dflash.knobs import DRAFT_GRAPHS_ENV as GRAPHS_ENV  # 0: the draft step always runs eagerly
+from sglang_dflash.knobs import DRAFT_PLAN_FREE_ENV as PLAN_FREE_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +101,19 @@ def graphs_unavailable_reason(
     return None
 
 
+PLAN_FREE_MAX_LEN = 2048  # tokens of visible context up to which the plan-free graphs replay
+
+
+def plan_free_max_len(env: Optional[str]) -> Optional[int]:
+    """The visible context up to which plan-free graphs replay (module docstring), from
+    SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN: unset -> 2048, "0" -> None (no plan-free graphs)."""
+    if env in (None, ""):
+        return PLAN_FREE_MAX_LEN
+    if not env.isdigit():
+        raise ValueError(f"{PLAN_FREE_ENV} must be a number of tokens (0: off), got {env!r}")
+    return int(env) or None
+
+
 def eager_reason(
     bs: int, sizes: Sequence[int], host_lens_exact: bool, num_indices: int, capacity: int
 ) -> Optional[str]:
@@ -122,7 +146,7 @@ class BucketGraph:
     attention: object  # a graph-mode draft attention for `size` requests
     bonus: torch.Tensor  # [b] int64, input
     seq_lens: torch.Tensor  # [b] int64, input
-    pool_rows: torch.Tensor  # [b] int64, input to the plan (outside the graph)
+    pool_rows: torch.Tensor  # [b] int64, input to the plan (outside the graph, or inside: plan-free)
     graph: Optional[object] = None  # torch.cuda.CUDAGraph, or a test's stand-in
     outputs: Optional[StepOutput] = None  # static: [b, Bd] x2, [b, Bd, H]
 
@@ -167,6 +191,10 @@ class DraftStep:
         self.mask_token_id = mask_token_id
         self.context_window = context_window  # --speculative-draft-window-size
         self.graphs: dict[int, BucketGraph] = {}
+        self.plan_free: dict[int, BucketGraph] = {}  # bucket -> its plan-free graph
+        self.plan_free_max_len: Optional[int] = None
+        self.req_to_token: Optional[torch.Tensor] = None  # what the plan-free graphs read
+        self._shared_hidden: Optional[torch.Tensor] = None  # [max b, Bd, H], set at capture
         self.sizes: tuple[int, ...] = ()
         self.kv_indices_capacity = 0
         self.replay_scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
@@ -186,8 +214,13 @@ class DraftStep:
         bs = seq_lens.shape[0]
         if self.graphs:
             visible = host_lens if self.context_window is None else host_lens.clamp(max=self.context_window)
-            # The padded plan lists every bucket row's block (host values: no sync).
             size = bucket_for(bs, self.sizes)
+            # Host values (no sync), exact or upper bounds: both bound the device lengths.
+            if size in self.plan_free and int(visible.max()) <= self.plan_free_max_len:
+                if req_to_token.data_ptr() != self.req_to_token.data_ptr():
+                    raise ValueError("the plan-free draft graphs were captured over another req_to_token")
+                return self._replay(self.plan_free[size], None, bonus, seq_lens, req_pool_indices, host_lens)
+            # The padded plan lists every bucket row's block.
             num_indices = int(visible.sum()) + (size or bs) * self.block_size
             why = eager_reason(bs, self.sizes, host_lens_exact, num_indices, self.kv_indices_capacity)
             if why is None:
@@ -221,11 +254,13 @@ class DraftStep:
     def _replay(
         self, g: BucketGraph, req_to_token, bonus, seq_lens, req_pool_indices, host_lens
     ) -> StepOutput:
+        """`req_to_token` None: a plan-free graph, which binds its attention itself."""
         bs = seq_lens.shape[0]
         g.load(bonus, seq_lens, req_pool_indices)
-        g.attention.bind(
-            req_to_token, g.pool_rows, g.seq_lens, padded_host_lens(host_lens, g.size), self.block_size
-        )
+        if req_to_token is not None:
+            g.attention.bind(
+                req_to_token, g.pool_rows, g.seq_lens, padded_host_lens(host_lens, g.size), self.block_size
+            )
         with self.replay_scope():
             g.graph.replay()
         block_ids, positions, hidden = g.outputs
@@ -250,58 +285,86 @@ class DraftStep:
         capture_context: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
         capture_graph: Optional[Callable] = None,
         replay_scope: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
+        make_plan_free: Optional[Callable[[int], object]] = None,
+        plan_free_max_len: Optional[int] = None,
     ) -> float:
         """Capture one graph per size, the largest first (smaller graphs then reuse its pool
         memory, as SGLang orders its own). `make_attention(b)`: a graph-mode attention for b
-        requests. `pool`: the graph memory pool to capture in (SGLang's). `capture_context()`:
-        yields the stream to capture on (SGLang's `graph_capture()` under tensor parallelism).
-        `capture_graph(run, pool, stream) -> (graph, outputs)`: `torch_capture`, unless a test
-        replaces it. `replay_scope()`: entered around every replay (SGLang's check that nothing
-        borrowed from the graph pool is live). Returns the seconds it took."""
+        requests. `make_plan_free(b)`: a plan-free one (`plan_once`, `bind_on_device`), for a
+        second graph per size that replays while every visible context is at most
+        `plan_free_max_len` tokens. `pool`: the graph memory pool to capture in (SGLang's).
+        `capture_context()`: yields the stream to capture on (SGLang's `graph_capture()` under
+        tensor parallelism). `capture_graph(run, pool, stream) -> (graph, outputs)`:
+        `torch_capture`, unless a test replaces it. `replay_scope()`: entered around every replay
+        (SGLang's check that nothing borrowed from the graph pool is live). Returns the seconds it took."""
         start = time.perf_counter()
-        device = req_to_token.device
         capture_graph = capture_graph or torch_capture
         capture_context = capture_context or _side_stream
         self.kv_indices_capacity = kv_indices_capacity
         self.replay_scope = replay_scope or contextlib.nullcontext
-        shared_hidden = None  # [max b, Bd, H]: every bucket's `hidden` output (module docstring)
+        if (make_plan_free is None) != (plan_free_max_len is None):
+            raise ValueError("make_plan_free and plan_free_max_len go together")
+        self.plan_free_max_len = plan_free_max_len
+        self.req_to_token = req_to_token
+        self._shared_hidden = None  # [max b, Bd, H]: every bucket's `hidden` output (module docstring)
         with capture_context() as stream:
             for size in sorted(set(sizes), reverse=True):
-                g = BucketGraph(
-                    size=size,
-                    attention=make_attention(size),
-                    bonus=torch.zeros(size, dtype=torch.int64, device=device),
-                    seq_lens=torch.zeros(size, dtype=torch.int64, device=device),
-                    pool_rows=torch.zeros(size, dtype=torch.int64, device=device),
+                self.graphs[size] = self._capture_bucket(
+                    size, make_attention(size), False, req_to_token, capture_graph, pool, stream
                 )
-                # Plan for empty requests (every replay plans again, with the batch's lengths), on
-                # the capture stream: the plan's copies must land before the warm-up reads them.
-                with _on(stream):
-                    zeros = torch.zeros(size, dtype=torch.int64)
-                    attend = g.attention.bind(req_to_token, g.pool_rows, g.seq_lens, zeros, self.block_size)
-
-                def forward(g=g, attend=attend) -> StepOutput:
-                    return self._forward(g.bonus, g.seq_lens, attend)
-
-                with _on(stream):
-                    for _ in range(2):  # warm up on the capture stream: lazy kernel builds, cuBLAS
-                        warm = forward()
-                    if shared_hidden is None:  # the largest bucket comes first; outside the pool
-                        shared_hidden = torch.empty_like(warm[2])
-
-                def run(forward=forward, out=shared_hidden[:size]) -> StepOutput:
-                    # The forward's own output becomes a graph intermediate, whose pool memory
-                    # the next (smaller) bucket reuses.
-                    block_ids, positions, hidden = forward()
-                    out.copy_(hidden)
-                    return block_ids, positions, out
-
-                g.graph, g.outputs = capture_graph(run, pool, stream)
-                if pool is None and hasattr(g.graph, "pool"):
-                    pool = g.graph.pool()  # the later (smaller) graphs share the first one's pool
-                self.graphs[size] = g
+                if pool is None and hasattr(self.graphs[size].graph, "pool"):
+                    pool = self.graphs[size].graph.pool()  # the later graphs share the first one's pool
+                if make_plan_free is not None:
+                    self.plan_free[size] = self._capture_bucket(
+                        size, make_plan_free(size), True, req_to_token, capture_graph, pool, stream
+                    )
         self.sizes = tuple(sorted(self.graphs))
         return time.perf_counter() - start
+
+    def _capture_bucket(
+        self, size, attention, plan_free, req_to_token, capture_graph, pool, stream
+    ) -> BucketGraph:
+        """One bucket's graph. Split-KV (`plan_free` False): planned for empty requests here
+        (every replay plans again, with the batch's lengths). Plan-free: planned once, here,
+        and the layout built inside the graph from its static inputs."""
+        device = req_to_token.device
+        g = BucketGraph(
+            size=size,
+            attention=attention,
+            bonus=torch.zeros(size, dtype=torch.int64, device=device),
+            seq_lens=torch.zeros(size, dtype=torch.int64, device=device),
+            pool_rows=torch.zeros(size, dtype=torch.int64, device=device),
+        )
+        # On the capture stream: the plan's copies must land before the warm-up reads them.
+        with _on(stream):
+            if plan_free:
+                attention.plan_once(self.block_size)
+            else:
+                zeros = torch.zeros(size, dtype=torch.int64)
+                attend = attention.bind(req_to_token, g.pool_rows, g.seq_lens, zeros, self.block_size)
+
+        def forward() -> StepOutput:
+            if plan_free:
+                bound = attention.bind_on_device(req_to_token, g.pool_rows, g.seq_lens, self.block_size)
+                return self._forward(g.bonus, g.seq_lens, bound)
+            return self._forward(g.bonus, g.seq_lens, attend)
+
+        with _on(stream):
+            for _ in range(2):  # warm up on the capture stream: lazy kernel builds, cuBLAS
+                warm = forward()
+            if self._shared_hidden is None:  # the largest bucket comes first; outside the pool
+                self._shared_hidden = torch.empty_like(warm[2])
+        out = self._shared_hidden[:size]
+
+        def run() -> StepOutput:
+            # The forward's own output becomes a graph intermediate, whose pool memory the next
+            # (smaller) bucket reuses.
+            block_ids, positions, hidden = forward()
+            out.copy_(hidden)
+            return block_ids, positions, out
+
+        g.graph, g.outputs = capture_graph(run, pool, stream)
+        return g
 
 
 def torch_capture(run: Callable[[], StepOutput], pool, stream) -> tuple[object, StepOutput]:
@@ -337,13 +400,16 @@ def capture_in_sglang(
     req_to_token: torch.Tensor,
     *,
     attention_name: str,
-    graph_attention: Callable[[int], tuple[int, Callable[[int], object]]],
+    graph_attention: Callable,
     env: Optional[str] = None,
+    plan_free_env: Optional[str] = None,
 ) -> Optional[tuple[float, float]]:
     """The draft step's CUDA graphs, one per SGLang capture size, in SGLang's graph memory pool;
     or why there are none (logged once). `runner`: the target's ModelRunner.
-    `graph_attention(max b) -> (page-index capacity, make_attention(b))`: the graph-mode
-    attentions and the buffers they share. `env`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH.
+    `graph_attention(max b, plan-free bound) -> (page-index capacity, make_attention(b),
+    make_plan_free(b))`: the graph-mode attentions and the buffers they share (make_plan_free
+    None without a bound). `env`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH; `plan_free_env`:
+    SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN.
     Returns (GB, seconds) for SGLang's start-up accounting, or None when nothing was captured."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.model_executor.runner_utils.pool import (
@@ -370,7 +436,10 @@ def capture_in_sglang(
         return None
     # SGLang's own measure of its graphs' memory: free GB after returning the cache.
     free_before = get_available_gpu_memory(runner.device, runner.gpu_id)
-    capacity, make_attention = graph_attention(max(sizes))
+    bound = plan_free_max_len(plan_free_env)
+    if bound is not None and step.context_window is not None:
+        bound = min(bound, step.context_window)  # no visible context is longer
+    capacity, make_attention, make_plan_free = graph_attention(max(sizes), bound)
     seconds = step.capture(
         sizes,
         make_attention,
@@ -379,15 +448,24 @@ def capture_in_sglang(
         pool=get_or_create_global_graph_memory_pool(torch.cuda),
         capture_context=_sglang_graph_capture,
         replay_scope=graph_pool_replay_scope,
+        make_plan_free=make_plan_free,
+        plan_free_max_len=bound,
     )
     used_gb = free_before - get_available_gpu_memory(runner.device, runner.gpu_id)
+    plan_free = (
+        f"plan-free graphs (split-KV off, planned once) up to {bound} tokens of visible context, "
+        "split-KV graphs planned per step above"
+        if bound is not None
+        else f"split-KV graphs planned per step ({PLAN_FREE_ENV}=0)"
+    )
     logger.info(
-        "DFLASH draft step: CUDA graphs for batch sizes %s (%.2f GB, %.1f s; page-index buffer %d); "
-        "eager above %d requests and for steps without exact host lengths",
+        "DFLASH draft step: CUDA graphs for batch sizes %s (%.2f GB, %.1f s; page-index buffer %d): %s; "
+        "eager above %d requests and, above the plan-free bound, for steps without exact host lengths",
         list(sizes),
         used_gb,
         seconds,
         capacity,
+        plan_free,
         sizes[-1],
     )
     return used_gb, seconds
