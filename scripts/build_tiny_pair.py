@@ -2,6 +2,7 @@
 
     python scripts/build_tiny_pair.py [--out DIR] [--work DIR] [--threads 2]
     python scripts/build_tiny_pair.py --dflash2    # only draft-dflash2/, for the shipped target
+    python scripts/build_tiny_pair.py --block-16   # only a B = 16 draft, into WORK/draft-b16/
 
 Everything runs on the CPU, from files present on every Python 3.11 install, with fixed seeds.
 
@@ -35,6 +36,9 @@ Steps (each prints its progress and wall-clock time)
 With --dflash2, steps 2-3 and the plain draft are skipped: a DFlash2 draft (`--family dflash2`)
 of the same recipe is trained for the target already in --out, on the same data, and exported
 to --out/draft-dflash2/ (its build information under "draft_dflash2" in build_info.json).
+With --block-16, the same for a plain draft of block size 16 (the served default B, for
+measurements at B = 16: `scripts/bench/narrow_drafting.py --draft WORK/draft-b16`); it is not
+shipped, so it stays in WORK/draft-b16/ with its record in WORK/draft-b16/build_info.json.
 
 Reproducibility: same interpreter files, same thread count and same CPU give the same bytes;
 other CPUs give slightly different floating-point rounding, hence slightly different weights.
@@ -307,7 +311,9 @@ def eval_prompts(
 BLOCK_SIZE = 8
 
 
-def draft_argv(target: str, data: str, eval_data: str, out: str, steps: int) -> list[str]:
+def draft_argv(
+    target: str, data: str, eval_data: str, out: str, steps: int, block_size: int = BLOCK_SIZE
+) -> list[str]:
     """The recipe's command line (`python -m sglang_dflash.train ...`)."""
     return [
         *("--target", target, "--data", data, "--eval-data", eval_data, "--out", out),
@@ -320,7 +326,7 @@ def draft_argv(target: str, data: str, eval_data: str, out: str, steps: int) -> 
         *("--max-length", "256", "--regenerate", "greedy", "--regen-prompt-tokens", "64"),
         *("--regen-max-new-tokens", "192", "--regen-batch-size", "32"),
         # Draft: two layers over three target layers, block of 8.
-        *("--num-draft-layers", "2", "--block-size", str(BLOCK_SIZE), "--target-layer-ids", "0", "1", "2"),
+        *("--num-draft-layers", "2", "--block-size", str(block_size), "--target-layer-ids", "0", "1", "2"),
         # Objective and optimisation.
         *("--num-anchors", "64", "--batch-size", "8", "--lr", "2e-3", "--warmup-ratio", "0.04"),
         *("--max-steps", str(steps)),
@@ -431,9 +437,14 @@ def main() -> None:
     parser.add_argument(
         "--dflash2", action="store_true", help="train only a DFlash2 draft for the target in --out"
     )
+    parser.add_argument(
+        "--block-16",
+        action="store_true",
+        help="train only a plain draft of block size 16 for the target in --out, into WORK/draft-b16",
+    )
     args = parser.parse_args()
-    if args.dflash2:
-        build_dflash2(args)
+    if args.dflash2 or args.block_16:
+        build_extra_draft(args)
         return
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -512,9 +523,11 @@ def main() -> None:
     print(f"\ntotal {time.perf_counter() - clock.start:.0f} s")
 
 
-def build_dflash2(args) -> None:
-    """The DFlash2 draft of the shipped recipe for the target in `args.out`, into
-    `args.out`/draft-dflash2/; its record goes under "draft_dflash2" in build_info.json."""
+def build_extra_draft(args) -> None:
+    """One more draft of the shipped recipe for the target in `args.out`: DFlash2 (--dflash2),
+    exported to `args.out`/draft-dflash2/ with its record under "draft_dflash2" in
+    build_info.json, or block size 16 (--block-16), left in WORK/draft-b16/ with its record
+    beside it."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -522,15 +535,18 @@ def build_dflash2(args) -> None:
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
     target_dir = os.path.join(os.path.abspath(args.out), "target")
-    draft_dir = os.path.join(work, "draft-dflash2")
+    name, extra, block_size = (
+        ("draft-dflash2", list(DFLASH2_ARGV), BLOCK_SIZE) if args.dflash2 else ("draft-b16", [], 16)
+    )
+    draft_dir = os.path.join(work, name)
     with clock.step("1. corpus"):
         lib_dir = os.path.dirname(os.__file__)
         train_files, held_files = split_corpus(corpus_files(lib_dir))
         train_texts, held_texts = read_texts(lib_dir, train_files), read_texts(lib_dir, held_files)
-    with clock.step("5. draft (dflash2)"):
+    with clock.step(f"5. draft ({name})"):
         shutil.rmtree(draft_dir, ignore_errors=True)
         train_data, eval_data = write_draft_data(work, train_texts, held_texts, args.max_docs)
-        argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps) + list(DFLASH2_ARGV)
+        argv = draft_argv(target_dir, train_data, eval_data, draft_dir, args.draft_steps, block_size) + extra
         record = train_draft(argv)
         # Paths as the plain draft's record has them: the pair's target as `target`, the rest
         # relative to WORK (no machine's absolute paths).
@@ -538,9 +554,15 @@ def build_dflash2(args) -> None:
             "target" if a == target_dir else os.path.relpath(a, work) if os.path.isabs(a) else a for a in argv
         ]
         record["command"] = "python -m sglang_dflash.train " + " ".join(shown)
+    record["times_s"] = clock.times
+    if not args.dflash2:
+        with open(os.path.join(draft_dir, "build_info.json"), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        print(f"wrote {draft_dir}; total {time.perf_counter() - clock.start:.0f} s")
+        return
     with clock.step("6. export"):
-        record["times_s"] = clock.times
-        dst = os.path.join(args.out, "draft-dflash2")
+        dst = os.path.join(args.out, name)
         shutil.rmtree(dst, ignore_errors=True)
         os.makedirs(dst)
         for f in DRAFT_FILES:
