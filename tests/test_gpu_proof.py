@@ -197,6 +197,31 @@ def test_the_race_rehearses_on_cpu(tmp_path):
     assert "SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric" in results  # the servers ran it
 
 
+@pytest.mark.sglang
+def test_the_adaptive_race_against_ours_at_b_rehearses_on_cpu(tmp_path):
+    """make gpu-race's own comparison in brief, in `make test`: the geometric acceptance step,
+    ours adaptive against ours at B, one level, through the proof's steps, servers and report
+    (the slow test above runs every server at two levels)."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
+    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "300"]
+    cmd += ["--steps", "race-geo-3", "--race-concurrency", "2", "--race-seconds", "1"]
+    cmd += ["--race-servers", "dflash,dflash-fixed"]
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    records = json.loads((out / "gpu-proof.json").read_text())["steps"]
+    status = {(s["name"], s["status"]) for s in records}
+    assert {("race-geo-3 dflash", "ok"), ("race-geo-3 dflash-fixed", "ok")} <= status, records
+    table = [
+        line for line in (out / "gpu-proof-report.md").read_text().splitlines() if "| geo-3 | 2 |" in line
+    ]
+    assert len(table) == 1 and table[0].count("|") == 11, table  # ours, ours at B, widths chosen
+    with tarfile.open(out / gpu_proof.RESULTS_ARCHIVE) as tar:
+        results = tar.extractfile("results/race-geo-3-dflash/results.json").read().decode()
+    assert "SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric" in results
+
+
 def test_the_race_table_has_ours_at_b_and_the_widths_chosen():
     """The report's race table from rows by hand: ours / built-in, / no speculation, / ours at B,
     the widths ours chose; geometric acceptance after SGLang's, without a built-in."""
