@@ -220,7 +220,7 @@ class DraftRuntime:
         num_slots = num_target_slots(target_kv_pool)
         max_bs = req_to_token.shape[0]
         flashinfer_unavailable = flashinfer_attention.unavailable_reason(
-            self.config, torch.device(self.device)
+            self.config, torch.device(self.device), self.dtype
         )
         # FlashInfer keeps each step's block K/V in scratch slots past the target's range.
         scratch = 0

@@ -171,6 +171,16 @@ def test_non_causal_window_shorter_than_the_block_is_refused():
     assert reason is not None and "non-causal with sliding_window 15 < block_size 16" in reason
 
 
+def test_float32_and_other_head_sizes_take_sdpa():
+    """A float32 draft (e.g. served with --dtype float32 on the Triton backend) or a head size
+    FlashInfer's prefill kernels are not built for: SDPA, with the reason named."""
+    config = make_config(["full_attention"])
+    reason = fia.unavailable_reason(config, torch.device("cuda"), torch.float32)
+    assert reason == "FlashInfer's prefill kernels take fp16 or bf16, the draft runs in torch.float32"
+    reason = fia.unavailable_reason(make_config(["full_attention"], head_dim=16), torch.device("cuda"))
+    assert reason is not None and "head_dim 64, 128, 256, 512, the draft's is 16" in reason
+
+
 def test_unavailable_on_cpu():
     config = make_config(["full_attention"])
     assert fia.unavailable_reason(config, torch.device("cpu")) == "the draft runs on cpu"

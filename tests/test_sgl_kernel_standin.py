@@ -327,3 +327,36 @@ def test_moe_align_block_size_matches_sglangs_reference_inside_a_cuda_graph(stan
     torch.testing.assert_close(
         got[0][:total].view(-1, block).sort(-1).values, want[0][:total].view(-1, block).sort(-1).values
     )
+
+
+def _load_float32():
+    path = gpu_machine.STANDIN / "sgl_kernel" / "float32.py"
+    spec = importlib.util.spec_from_file_location("standin_float32", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_float32_norms_and_activations_match_pytorch():
+    """The stand-in's float32 path (FlashInfer's kernels take fp16/bf16 only), against
+    PyTorch's own RMSNorm and gated activations; the fused norm in place, as sgl-kernel's."""
+    f32 = _load_float32()
+    x, w = torch.randn(5, 64), torch.randn(64)
+    want = torch.nn.functional.rms_norm(x, (64,), w, 1e-6)
+    torch.testing.assert_close(f32.rmsnorm(x, w, 1e-6), want)
+    torch.testing.assert_close(
+        f32.rmsnorm(x, w, 1e-6, gemma=True), torch.nn.functional.rms_norm(x, (64,), w + 1, 1e-6)
+    )
+    out = torch.empty_like(x)
+    assert f32.rmsnorm(x, w, 1e-6, out=out) is out and torch.allclose(out, want)
+    inp, residual = x.clone(), torch.randn(5, 64)
+    total = x + residual
+    f32.fused_add_rmsnorm(inp, residual, w, 1e-6)
+    torch.testing.assert_close(residual, total)
+    torch.testing.assert_close(inp, torch.nn.functional.rms_norm(total, (64,), w, 1e-6))
+    gate_up = torch.randn(3, 2 * 32)
+    gate, up = gate_up[:, :32], gate_up[:, 32:]
+    torch.testing.assert_close(f32.gated(gate_up, act="silu"), torch.nn.functional.silu(gate) * up)
+    torch.testing.assert_close(f32.gated(gate_up, act="gelu"), torch.nn.functional.gelu(gate) * up)
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(f32.gated(gate_up, act="gelu_tanh"), want)

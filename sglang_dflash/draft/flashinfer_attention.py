@@ -90,10 +90,23 @@ def kv_indices_capacity(
     return max_batch_size * (visible + block_size)
 
 
-def unavailable_reason(config: DFlashDraftConfig, device: torch.device) -> Optional[str]:
-    """Why FlashInfer cannot run this draft's attention on `device`, or None if it can."""
+# FlashInfer's fa2 prefill kernels: half-precision queries and K/V, and these head sizes.
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+FLASHINFER_HEAD_DIMS = (64, 128, 256, 512)
+
+
+def unavailable_reason(
+    config: DFlashDraftConfig, device: torch.device, dtype: Optional[torch.dtype] = None
+) -> Optional[str]:
+    """Why FlashInfer cannot run this draft's attention on `device` in `dtype` (the draft's
+    compute dtype; None: not checked), or None if it can."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
+    if dtype is not None and dtype not in FLASHINFER_DTYPES:
+        return f"FlashInfer's prefill kernels take fp16 or bf16, the draft runs in {dtype}"
+    if config.head_dim not in FLASHINFER_HEAD_DIMS:
+        dims = ", ".join(map(str, FLASHINFER_HEAD_DIMS))
+        return f"FlashInfer's prefill kernels are built for head_dim {dims}, the draft's is {config.head_dim}"
     if config.attention_sink_bias:
         return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
     try:
@@ -257,7 +270,7 @@ class FlashInferDraftAttention:
         for exactly that many requests, over `graph_buffers`. `plan_free_max_len`: graph mode
         planned once, without split-KV, for visible contexts up to that many tokens
         (`plan_once`, `bind_on_device`; module docstring)."""
-        reason = unavailable_reason(config, store.k.device)
+        reason = unavailable_reason(config, store.k.device, q_dtype or store.k.dtype)
         if reason is not None:
             raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
         need = scratch_base + num_scratch_slots(max_batch_size, config.block_size)

@@ -5,7 +5,8 @@ for its torch. SGLang's dense CUDA path (FlashInfer attention, PyTorch sampling,
 CUDA graph) imports a few dozen sgl_kernel names and calls a handful. This package gives it:
 
 * the kernels it calls, through FlashInfer with the same signatures: `rmsnorm`,
-  `fused_add_rmsnorm`, Gemma's two norms, `silu_and_mul`, `gelu_and_mul`, `gelu_tanh_and_mul`,
+  `fused_add_rmsnorm`, Gemma's two norms, `silu_and_mul`, `gelu_and_mul`, `gelu_tanh_and_mul`
+  (for float32 inputs, which FlashInfer's kernels do not take, in PyTorch: `float32.py`),
   `top_k_renorm_prob(s)`, `top_p_renorm_prob(s)`, `merge_state_v2`; and `weak_ref_tensor`
   (a non-owning alias, compiled on first use with the machine's C++ compiler);
 * the MoE runner's `moe_align_block_size` (through SGLang's kernel registry) and
@@ -82,31 +83,54 @@ def _unsupported(name: str):
 # ---- provided ---------------------------------------------------------------------------
 
 
+import torch  # noqa: E402  (after the opt-in check: a refused import stays quick)
+
+
+def _float32():
+    from sgl_kernel import float32
+
+    return float32
+
+
 def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    if input.dtype == torch.float32:
+        return _float32().rmsnorm(input, weight, eps, out=out)
     return _flashinfer("norm").rmsnorm(input, weight, eps, out=out, enable_pdl=enable_pdl)
 
 
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    if input.dtype == torch.float32:
+        return _float32().fused_add_rmsnorm(input, residual, weight, eps)
     _flashinfer("norm").fused_add_rmsnorm(input, residual, weight, eps, enable_pdl=enable_pdl)
 
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    if input.dtype == torch.float32:
+        return _float32().rmsnorm(input, weight, eps, out=out, gemma=True)
     return _flashinfer("norm").gemma_rmsnorm(input, weight, eps, out=out, enable_pdl=enable_pdl)
 
 
 def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    if input.dtype == torch.float32:
+        return _float32().fused_add_rmsnorm(input, residual, weight, eps, gemma=True)
     _flashinfer("norm").gemma_fused_add_rmsnorm(input, residual, weight, eps, enable_pdl=enable_pdl)
 
 
 def silu_and_mul(input, out=None):
+    if input.dtype == torch.float32:
+        return _float32().gated(input, out, "silu")
     return _flashinfer("activation").silu_and_mul(input, out=out)
 
 
 def gelu_and_mul(input, out=None):
+    if input.dtype == torch.float32:
+        return _float32().gated(input, out, "gelu")
     return _flashinfer("activation").gelu_and_mul(input, out=out)
 
 
 def gelu_tanh_and_mul(input, out=None):
+    if input.dtype == torch.float32:
+        return _float32().gated(input, out, "gelu_tanh")
     return _flashinfer("activation").gelu_tanh_and_mul(input, out=out)
 
 
