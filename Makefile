@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-serve-check gpu-train
+.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-matrix gpu-serve-check gpu-train
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,14 @@ RACE_STEPS := race-3,race-geo-3,race-6.5
 gpu-race:
 	$(GPU_PY) -m scripts.gpu.proof --steps $(or $(STEPS),$(RACE_STEPS)) --race-concurrency $(RACE_LEVELS) \
 		--race-servers dflash,dflash-builtin,baseline,dflash-fixed --race-seconds 8 \
+		$(if $(DEADLINE),--deadline $(DEADLINE))
+
+# Every target family on a GPU (one command of at most 9 minutes, in priority order: gpt-oss,
+# Gemma-4, Qwen3-MoE, Qwen3.5 GDN, DeepSeek-V3 MLA, float32 on Triton, then the rest), each its
+# tiny pair built on the machine, the plain engine against our DFLASH, three families at once.
+# Carry what gpu-proof carries. FAMILIES (comma-separated) and DEADLINE override the defaults.
+gpu-matrix:
+	$(GPU_PY) -m scripts.gpu.proof --steps matrix $(if $(FAMILIES),--families $(FAMILIES)) \
 		$(if $(DEADLINE),--deadline $(DEADLINE))
 
 # A second call: overlap off, the other acceptance length, the stand-in's kernel tests.

@@ -245,3 +245,77 @@ def test_the_race_table_has_ours_at_b_and_the_widths_chosen():
         == f"| 3 | 128 | 1000 | 1500 (10.0) | 1000 (10.0) | 1200 | 1.50x | 1.50x | 1.25x | {widths} |"
     )
     assert lines[3] == "| geo-3 | 128 | 1000 | 1300 (10.0) | - | 1000 | - | 1.30x | 1.30x | 2 100% |"
+
+
+# ---- make gpu-matrix -------------------------------------------------------------------------
+
+
+def test_the_rounds_add_a_prefix_cache_round_after_the_two_batches():
+    ids = [[5, 6], [7, 8, 9, 10, 11, 12], [3]]
+    rounds = lossless.rounds(ids, prefix_round=True)
+    assert list(rounds) == ["bs1", "bs3", "prefix"]  # served in this order: the first prompt is cached
+    assert rounds["prefix"] == [[5, 6, 7, 8, 9, 10], [5, 6, 3]]
+    assert list(lossless.rounds(ids, prefix_round=False)) == ["bs1", "bs3"]
+    assert list(lossless.rounds(ids[:1], prefix_round=True)) == ["bs1"]  # bs1 once; no other prompt
+
+
+def test_the_matrix_families_come_in_the_issues_priority_order():
+    from scripts.gpu.serve import families
+
+    names = [f.name for f in families.FAMILIES]
+    assert names[:6] == ["gpt_oss", "gemma4", "qwen3_moe", "qwen3_5", "deepseek_v3", "llama_fp32"]
+    assert all(f.engine_args("cuda")["attention_backend"] == "triton" for f in families.FAMILIES)
+    assert families.BY_NAME["llama_fp32"].engine_args("cuda")["dtype"] == "float32"
+    assert families.BY_NAME["gemma4"].engine_args("cpu") == {"attention_backend": None}
+    assert [f.name for f in families.select("gemma4,gpt_oss")] == ["gemma4", "gpt_oss"]
+    with pytest.raises(SystemExit, match="unknown families"):
+        families.select("gpt_oss,nope")
+
+
+def test_a_familys_row_says_what_its_comparison_found(tmp_path):
+    results = {
+        "dtype": "bfloat16",
+        "lossless": "near-ties only",
+        "runs": {
+            "dflash overlap": {
+                "startup_s": 40.1,
+                "accept_length_at_bs1": 2.5,
+                "accept_length_at_bs6": 2.25,
+                "identical_at_bs1": "6/6",
+                "max_logprob_difference_at_bs1": 0.01,
+                "identical_at_bs6": "5/6",
+                "max_logprob_difference_at_bs6": 0.03,
+                "near_ties_at_bs6": ["token 9: plain's top-2 margin 0.0312"],
+            },
+            "plain": {"startup_s": 30.0},
+        },
+    }
+    path = tmp_path / "matrix-gemma4.json"
+    path.write_text(json.dumps(results))
+    note = gpu_proof.family_note(str(path))
+    assert note == (
+        "lossless: near-ties only; bfloat16; identical bs1 6/6, bs6 5/6; near-ties 1; "
+        "max logprob difference 0.03; acceptance 2.50 / 2.25; start-up dflash overlap 40.1 s, plain 30.0 s"
+    )
+    assert gpu_proof.family_note(str(tmp_path / "missing.json")) == "no results"
+
+
+@pytest.mark.sglang
+@pytest.mark.slow  # two families, two engines each, about 2 minutes: run it before a GPU session
+def test_the_matrix_rehearses_on_cpu(tmp_path):
+    """make gpu-matrix's step on SGLang's CPU engine, two families one after the other: each
+    built, compared (batch 1, together, prefix round) and reported in the families' table."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
+    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "500"]
+    cmd += ["--steps", "matrix", "--families", "gemma4,qwen3_moe"]
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=700)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    records = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
+    for family in ("gemma4", "qwen3_moe"):
+        assert records[f"matrix {family}"]["status"] == "ok", records
+        assert records[f"matrix {family}"]["note"].startswith("lossless: identical"), records
+        assert "prefix 2/2" in records[f"matrix {family}"]["note"]
+    report = (out / "gpu-proof-report.md").read_text()
+    assert "## Target families (make gpu-matrix)" in report and "| gemma4 | sliding-window" in report

@@ -6,6 +6,7 @@
                                 [--device cuda|cpu] [--lossless-pairs trained,random]
                                 [--lossless-runs overlap[,no-overlap]] [--race-concurrency 1,8,32]
                                 [--race-seconds 10] [--race-servers dflash,dflash-builtin,baseline]
+                                [--families gpt_oss,gemma4,...] [--matrix-parallel 3]
 
 Made for a GPU machine lent by the command: 10 minutes a command, 64 MiB carried, a fresh bare
 machine each time (Python, a CUDA PyTorch and nvcc; no SGLang, FlashInfer or package index).
@@ -31,6 +32,11 @@ are checked in the foreground. The steps, in the order given (default: priority 
   bench-draft-step  the draft step against its memory-bound limit (scripts/bench/draft_step.py),
                     started during the prerequisites; this step collects it
   standin-tests     the sgl_kernel stand-in's kernels against PyTorch (a second call)
+  matrix            `make gpu-matrix`: each target family of --families (default all, in
+                    priority order: scripts/gpu/serve/families.py), its tiny pair built on the
+                    machine, the plain engine against our DFLASH (serve/lossless.py: greedy at
+                    batch 1, all prompts together, then a prefix-cache round), up to
+                    --matrix-parallel families at once, each in its own process
 
 Before each step (and each race server) the time it is expected to take is compared with the
 time left to the deadline: a step that cannot finish is skipped and the skip reported. Every
@@ -73,6 +79,7 @@ STEPS = (
     "lossless-no-overlap",
     "bench-draft-step",
     "standin-tests",
+    "matrix",
 )  # race-<acc>
 # GPU tests that need SGLang's kit (the sgl_kernel stand-in): here, not in make gpu-check.
 STANDIN_TESTS = ("tests/test_sgl_kernel_standin.py",)
@@ -89,6 +96,7 @@ ESTIMATES = {
         "race-server": 100,  # an 8B dummy server: start-up (graphs for 3 sizes) + 3 levels; 83-92 s
         "bench-draft-step": 5,  # collected; it ran in the background (about 25 s)
         "standin-tests": 150,  # compiles FlashInfer's GELU modules, which nothing else needs
+        "matrix-family": 150,  # a guess (not run yet): two engines, Triton's kernels compiled on first use
     },
     "cpu": {
         "unpack": 1,
@@ -96,6 +104,7 @@ ESTIMATES = {
         "race-server": 45,
         "bench-draft-step": 1,
         "standin-tests": 30,
+        "matrix-family": 60,
     },
 }
 
@@ -317,6 +326,21 @@ def render(data: dict, results: str, state: str, out: str) -> str:
         )
     lines.append("")
     lines.append(report.body(results))
+    matrix_rows = [s for s in data["steps"] if s["name"].startswith("matrix ")]
+    if matrix_rows:
+        from scripts.gpu.serve.families import BY_NAME
+
+        lines += [
+            "## Target families (make gpu-matrix)\n",
+            "| family | what | status | comparison |",
+            "|---|---|---|---|",
+        ]
+        for s in matrix_rows:
+            name = s["name"].removeprefix("matrix ")
+            what = BY_NAME[name].what if name in BY_NAME else ""
+            note = s["note"].replace("|", "/").replace("\n", " ")[:400]
+            lines.append(f"| {name} | {what} | {s['status']} | {note} |")
+        lines.append("")
     lossless_logs = sorted(glob.glob(os.path.join(results, "logs", "lossless*.log")))
     if lossless_logs:
         lines += ["## Start-up of the lossless engines\n", "| engine | phase | seconds |", "|---|---|---|"]
@@ -474,6 +498,64 @@ def lossless(proof: Proof, runs: str, pairs: str) -> None:
         proof.step(name, 10 + engines * proof.estimate("lossless-engine"), body)
 
 
+MATRIX_PROMPTS = {"cuda": ("6", "32"), "cpu": ("3", "12")}  # prompts, new tokens per family
+
+
+def matrix(proof: Proof, families: str, parallel: int) -> None:
+    """Each family's lossless comparison (`serve/families.py run`) in its own process, at most
+    `parallel` at once, started in priority order while its estimate fits before the deadline;
+    a record per family, its note the comparison's summary or the first missing op."""
+    from scripts.gpu.serve.families import select
+
+    models = os.path.join(proof.state, "models", "families")
+    prompts, tokens = MATRIX_PROMPTS[proof.device]
+    running: list = []  # (name, results file)
+
+    def collect() -> None:
+        name, out = running.pop(0)
+        record = proof.wait_background(name, "")
+        record.note = family_note(out) if record.status == "ok" else missing_op(proof.log_path(name))
+        proof.write()
+
+    for family in select(families):
+        name, out = f"matrix {family.name}", os.path.join(proof.results, f"matrix-{family.name}.json")
+        if os.path.isfile(out) and json.load(open(out)).get("lossless") is not None:
+            proof.skip(name, f"measured earlier in this state ({os.path.basename(out)})")
+            continue
+        while len(running) >= parallel:
+            collect()
+        estimate = proof.estimate("matrix-family")
+        if estimate > proof.left() - REPORT_MARGIN:
+            proof.skip(name, f"needs about {estimate:.0f} s, {max(proof.left(), 0):.0f} s left", estimate)
+            continue
+        cmd = [sys.executable, "-m", "scripts.gpu.serve.families", "run", family.name, "--models", models]
+        cmd += ["--out", out, "--device", proof.device, "--prompts", prompts, "--new-tokens", tokens]
+        proof.start_background(name, cmd)
+        running.append((name, out))
+    while running:
+        collect()
+
+
+def family_note(path: str) -> str:
+    """One family's comparison in a line: the verdict, identical outputs per round, near-ties,
+    the largest logprob difference and the acceptance, from lossless.py's results."""
+    if not os.path.isfile(path):
+        return "no results"
+    results = json.load(open(path))
+    dflash = results.get("runs", {}).get("dflash overlap", {})
+    rounds = [k.removeprefix("identical_at_") for k in dflash if k.startswith("identical_at_")]
+    parts = [f"lossless: {results.get('lossless')}", f"{results.get('dtype')}"]
+    parts.append("identical " + ", ".join(f"{r} {dflash[f'identical_at_{r}']}" for r in rounds))
+    ties = sum(len(dflash.get(f"near_ties_at_{r}", [])) for r in rounds)
+    diff = max((dflash.get(f"max_logprob_difference_at_{r}", 0.0) for r in rounds), default=0.0)
+    accept = [dflash.get(f"accept_length_at_{r}") for r in rounds]
+    parts += [f"near-ties {ties}", f"max logprob difference {diff:.3g}"]
+    parts.append("acceptance " + " / ".join("-" if a is None else f"{a:.2f}" for a in accept))
+    startup = {run: v.get("startup_s") for run, v in results.get("runs", {}).items()}
+    parts.append("start-up " + ", ".join(f"{run} {s} s" for run, s in startup.items()))
+    return "; ".join(parts)
+
+
 def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
     """Unpack, then overlap: _C, SGLang's JIT warm-ups and the draft-step benchmark in the
     background; models and SGLang's import in the foreground. False: stop here."""
@@ -582,6 +664,8 @@ def main(argv=None) -> int:
     p.add_argument("--race-servers", default=",".join(RACE_SERVERS), help="in this order")
     p.add_argument("--lossless-runs", default="overlap", help="DFLASH engines of the lossless step")
     p.add_argument("--lossless-pairs", default="trained,random", help="model pairs of the lossless step")
+    p.add_argument("--families", default="", help="the matrix step's families (default: all, by priority)")
+    p.add_argument("--matrix-parallel", type=int, default=None, help="families at once (3 on CUDA, 1 on CPU)")
     args = p.parse_args(argv)
     if args.device is None:
         import torch
@@ -622,6 +706,8 @@ def main(argv=None) -> int:
             ]
             cmd += list(STANDIN_TESTS)
             proof.step(name, proof.estimate(name), lambda: (proof.run(name, cmd) == 0, ""))
+        elif name == "matrix":
+            matrix(proof, args.families, args.matrix_parallel or (3 if proof.device == "cuda" else 1))
         elif name == "bench-draft-step":
             if "bench-draft-step" in proof.background:
                 proof.wait_background("bench-draft-step", "started during the prerequisites")

@@ -4,15 +4,19 @@
                                          [--runs overlap,no-overlap,widths] [--prompts 8]
                                          [--new-tokens 64]
                                          [--prompts-file PAIR/prompts.json]
+                                         [--prefix-round] [--engine-args JSON]
 
 Our DFLASH with overlap scheduling on and/or off, or with every decode step forced through the
 verify widths that have a graph each, in turn (`--runs`), then one plain engine, each through
 FlashInfer attention with CUDA graphs on (decode, target verify and the draft step), in bf16.
-Each serves the same prompts at batch 1 (one at a time) and all together, with the chosen
-tokens' logprobs and the top two; every DFLASH output must equal the plain engine's at the same
-batch size. Prompts are random token ids, or the texts of `--prompts-file` (a trained pair's
-held-out prompts, tokenized with the target's tokenizer: there the draft's proposals are
-accepted, so the multi-token accept path is what is checked).
+Each serves the same prompts at batch 1 (one at a time) and all together, and with
+`--prefix-round` then a round of prompts that extend the first one, whose tokens the radix
+cache then holds (a prefix-cache hit at every request), all with the chosen tokens' logprobs and
+the top two; every DFLASH output must equal the plain engine's in the same round.
+`--engine-args` adds arguments to both engines (a family's attention backend or dtype).
+Prompts are random token ids, or the texts of `--prompts-file` (a trained pair's held-out
+prompts, tokenized with the target's tokenizer: there the draft's proposals are accepted, so
+the multi-token accept path is what is checked).
 
 * **Near-ties.** In bf16 the decode and the verify kernels round differently (other tilings),
   so where the plain engine's top two logits are within a couple of rounding steps either may
@@ -154,18 +158,18 @@ def follow(
         plain = continue_plain(got.ids[:offset])
 
 
-def summary(found: list, bs: int) -> dict:
-    """A run's results at batch size `bs` from each prompt's `follow`."""
+def summary(found: list, name: str) -> dict:
+    """A run's results in round `name` (e.g. "bs1") from each prompt's `follow`."""
     out = {
-        f"identical_at_bs{bs}": f"{sum(f['verdict'] == 'identical' for f in found)}/{len(found)}",
-        f"max_logprob_difference_at_bs{bs}": round(max(f["max_logprob_difference"] for f in found), 6),
+        f"identical_at_{name}": f"{sum(f['verdict'] == 'identical' for f in found)}/{len(found)}",
+        f"max_logprob_difference_at_{name}": round(max(f["max_logprob_difference"] for f in found), 6),
     }
     ties = [tie for f in found for tie in f["ties"]]
     if ties:
-        out[f"near_ties_at_bs{bs}"] = [f"token {k}: plain's top-2 margin {m:.4f}" for k, m in ties]
+        out[f"near_ties_at_{name}"] = [f"token {k}: plain's top-2 margin {m:.4f}" for k, m in ties]
     wrong = [f["wrong"] for f in found if f["wrong"] is not None]
     if wrong:
-        out[f"wrong_at_bs{bs}"] = [
+        out[f"wrong_at_{name}"] = [
             f"token {k}: plain's top-2 margin {m:.4f}, logits of "
             + ("unmeasured" if size is None else f"{size:.3g}")
             for k, m, size in wrong
@@ -253,8 +257,9 @@ def engine(target: str, draft, device: str, **extra):
     if draft is not None:
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
         args.update(speculative_num_draft_tokens=block_size(draft))
+    args.update(extra)  # a family's own attention backend or dtype replaces the default
     start = time.perf_counter()
-    served = sgl.Engine(**args, **extra)
+    served = sgl.Engine(**args)
     started = time.perf_counter() - start
     try:
         if draft is not None:
@@ -273,15 +278,35 @@ def generate(served, prompts: list, new_tokens: int) -> list:
     )
 
 
-def serve_prompts(served, ids: list, new_tokens: int) -> tuple[dict, dict]:
-    """({batch size: [Output]} at batch 1, one prompt at a time, and all together; stats)."""
-    out = {1: [generate(served, [p], new_tokens)[0] for p in ids]}
-    out[len(ids)] = generate(served, ids, new_tokens)
-    stats = {f"accept_length_at_bs{bs}": accept_length(outs) for bs, outs in out.items()}
-    return {bs: [Output.from_engine(o) for o in outs] for bs, outs in out.items()}, stats
+def rounds(ids: list, prefix_round: bool) -> dict:
+    """{round: prompts}: "bs1" served one at a time, f"bs{n}" all together, and "prefix" (with
+    `prefix_round`) the first prompt extended by the first tokens of each other one, served
+    together after the others, so every request starts with a prefix the radix cache holds.
+    E.g., ids [[5, 6], [7, 8, 9], [3]] -> {"bs1": ids, "bs3": ids, "prefix": [[5, 6, 7, 8, 9],
+    [5, 6, 3]]}."""
+    out = {"bs1": ids, f"bs{len(ids)}": ids}
+    if prefix_round and len(ids) > 1:
+        out["prefix"] = [ids[0] + p[:PREFIX_TAIL] for p in ids[1:]]
+    return out
 
 
-def main() -> int:
+PREFIX_TAIL = 4  # tokens each prefix-round prompt adds after the cached first prompt
+
+
+def serve_prompts(served, prompts: dict, new_tokens: int) -> tuple[dict, dict]:
+    """({round: [Output]}, stats) for `rounds(...)`: "bs1" one prompt at a time, the others
+    each as one batch, in order."""
+    out = {}
+    for name, batch in prompts.items():
+        if name == "bs1":
+            out[name] = [generate(served, [p], new_tokens)[0] for p in batch]
+        else:
+            out[name] = generate(served, batch, new_tokens)
+    stats = {f"accept_length_at_{name}": accept_length(outs) for name, outs in out.items()}
+    return {name: [Output.from_engine(o) for o in outs] for name, outs in out.items()}, stats
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target")
     p.add_argument("draft")
@@ -293,14 +318,20 @@ def main() -> int:
         "--prompts-file", help="a JSON list of {'text': ...}, tokenized with the target's tokenizer"
     )
     p.add_argument("--new-tokens", type=int, default=64)
-    args = p.parse_args()
+    p.add_argument(
+        "--prefix-round", action="store_true", help="then prompts extending the first (radix cache)"
+    )
+    p.add_argument("--engine-args", default="{}", help="JSON: more sgl.Engine arguments for both engines")
+    args = p.parse_args(argv)
+    extra = json.loads(args.engine_args)
     if args.prompts_file:
         ids = text_prompts(args.prompts_file, args.target, args.prompts)
     else:
         with open(os.path.join(args.target, "config.json")) as f:
             ids = random_prompts(json.load(f)["vocab_size"], args.prompts)
-    dtype = (CUDA_ARGS if args.device == "cuda" else CPU_ARGS)["dtype"]
-    results = {"target": args.target, "draft": args.draft, "dtype": dtype, "runs": {}}
+    dtype = extra.get("dtype") or (CUDA_ARGS if args.device == "cuda" else CPU_ARGS)["dtype"]
+    prompts = rounds(ids, args.prefix_round)
+    results = {"target": args.target, "draft": args.draft, "dtype": dtype, "engine_args": extra, "runs": {}}
 
     def save():  # after every engine: a run cut short still leaves what finished
         if args.out:
@@ -312,15 +343,15 @@ def main() -> int:
         run = f"dflash {name}"
         print(f"== {run}", flush=True)
         with run_env(run, args.draft, args.device):
-            with engine(args.target, args.draft, args.device, **RUNS[name]) as (served, started):
-                outputs[run], stats = serve_prompts(served, ids, args.new_tokens)
+            with engine(args.target, args.draft, args.device, **RUNS[name], **extra) as (served, started):
+                outputs[run], stats = serve_prompts(served, prompts, args.new_tokens)
         results["runs"][run] = {"startup_s": round(started, 1)}
         results["runs"][run].update({k: round(v, 2) for k, v in stats.items() if v is not None})
         save()
     print("== plain", flush=True)
     verdicts, scale = [], LogitScale(args.target)
-    with engine(args.target, None, args.device) as (plain_engine, started):
-        plain, _ = serve_prompts(plain_engine, ids, args.new_tokens)
+    with engine(args.target, None, args.device, **extra) as (plain_engine, started):
+        plain, _ = serve_prompts(plain_engine, prompts, args.new_tokens)
         results["runs"]["plain"] = {"startup_s": round(started, 1)}
 
         def continue_plain(prompt: list, prefix: list) -> Output:
@@ -330,7 +361,7 @@ def main() -> int:
             )
 
         for run in outputs:
-            for bs in (1, len(ids)):
+            for name, batch in prompts.items():
                 found = [
                     follow(
                         got,
@@ -339,13 +370,11 @@ def main() -> int:
                         lambda prefix, prompt=prompt: scale(prompt + prefix),
                         dtype,
                     )
-                    for prompt, got, want in zip(ids, outputs[run][bs], plain[bs])
+                    for prompt, got, want in zip(batch, outputs[run][name], plain[name])
                 ]
                 verdicts += [f["verdict"] for f in found]
-                results["runs"][run].update(summary(found, bs))
-                print(
-                    f"{run}, batch {bs}: {results['runs'][run][f'identical_at_bs{bs}']} identical", flush=True
-                )
+                results["runs"][run].update(summary(found, name))
+                print(f"{run}, {name}: {results['runs'][run][f'identical_at_{name}']} identical", flush=True)
     results["tie_rule"] = (
         f"{TIE_STEPS} {dtype} rounding steps at the logits' magnitude (transformers, float32, CPU)"
         if scale.why is None

@@ -1,0 +1,152 @@
+"""The target families of `make gpu-matrix`, in priority order, and their tiny checkpoints.
+
+    python -m scripts.gpu.serve.families build OUT [NAME ...]   # build them (all by default)
+    python -m scripts.gpu.serve.families run NAME --models OUT --out F.json [--device cuda]
+                                          [--prompts 6] [--new-tokens 32]
+
+`run` builds the family's pair (if not built) and runs `lossless.py` on it: the plain engine
+against our DFLASH, greedy, at batch 1, all prompts together, then a prefix-cache round, with
+the family's engine arguments.
+
+Each family is a tiny seeded target of that SGLang class (`tests/tiny_models.py`: shaped like
+target "a", hidden 64, 4 layers, vocab 384) whose embedding and LM head favour one token, so the
+untrained draft "a" (one layer, block 16) proposes it and is often right: its proposals are
+accepted (about 1.5 to 3 tokens a step on CPU), so the comparison runs the multi-token accept
+path, and the target is peaked, so its greedy choices are far from ties. The seeds are those
+`tests/test_target_classes.py`, `test_target_shapes.py` and `test_hybrid_targets.py` serve on
+CPU; the favours are those too where they give an acceptance above 1.5 on the matrix's prompts,
+else raised until they did (the favoured token then takes half to 85% of the greedy choices;
+the table in docs/gpu.md, "Every target family", was measured on CPU with these).
+
+Engine arguments per device: on CUDA every family runs on SGLang's Triton attention backend
+(gpt-oss's sinks and Gemma-4's sliding windows need it; the MLA and hybrid targets take it; the
+kit's FlashInfer is compiled for the shapes of the other pairs), in bf16 except one family in
+float32, which our FlashInfer draft attention refuses (SDPA then serves the draft; it also
+serves draft "a", whose head_dim 16 FlashInfer is not built for). On CPU, the CPU engine's
+defaults, and SGLang's own attention backend for the sliding-window families.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, REPO)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the matrix: how to build its target, and what its engines take."""
+
+    name: str
+    builder: str  # "family" (make_family_target) or "hybrid" (make_hybrid_target)
+    cls: str  # the builder's family name
+    seed: int
+    favour: float
+    cuda_args: dict = field(default_factory=dict)  # on top of lossless.py's CUDA_ARGS
+    what: str = ""
+    cpu_args: dict = field(default_factory=dict)  # on top of its CPU_ARGS
+
+    def engine_args(self, device: str) -> dict:
+        return dict(self.cuda_args if device == "cuda" else self.cpu_args)
+
+
+TRITON = {"attention_backend": "triton"}
+# On CPU, SGLang's own choice for the sliding-window pool (torch_native without AMX), as
+# tests/test_target_classes.py serves them.
+CPU_SWA = {"attention_backend": None}
+# Priority order (the issue's): the families whose published drafts have never run on a GPU first.
+FAMILIES = (
+    Family("gpt_oss", "family", "gpt_oss", 0, 3.0, TRITON, "sinks, sliding and full layers, MoE", CPU_SWA),
+    Family("gemma4", "family", "gemma4", 0, 6.0, TRITON, "sliding-window layers, then a full one", CPU_SWA),
+    Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE"),
+    Family("qwen3_5", "hybrid", "qwen3_5", 0, 10.0, TRITON, "Gated DeltaNet layers, then full attention"),
+    Family("deepseek_v3", "family", "deepseek_v3", 0, 5.0, TRITON, "MLA, dense then MoE, YaRN"),
+    Family("llama_fp32", "family", "llama", 3, 6.0, dict(TRITON, dtype="float32"), "float32 on Triton"),
+    # As time allows.
+    Family("qwen3_next", "hybrid", "qwen3_next", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
+    Family("qwen3_5_moe", "hybrid", "qwen3_5_moe", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
+    Family("glm4_moe_lite", "family", "glm4_moe_lite", 0, 5.0, TRITON, "MLA with query LoRA, MoE"),
+)
+BY_NAME = {f.name: f for f in FAMILIES}
+DRAFT = "a"  # tests/tiny_models.py DRAFTS: every family above pairs with it
+
+
+def builders() -> dict[str, Callable]:
+    from tests.tiny_models import make_family_target, make_hybrid_target
+
+    return {"family": make_family_target, "hybrid": make_hybrid_target}
+
+
+def draft_spec() -> dict:
+    from tests.tiny_models import DRAFTS
+
+    spec = dict(DRAFTS[DRAFT])
+    spec.pop("target")
+    return spec
+
+
+def build(out: str, family: Family) -> tuple[str, str]:
+    """OUT/<family>/target and OUT/draft-a (built once), each built beside and renamed, so a
+    cut build never leaves half a model. Returns (target, draft)."""
+    from tests.tiny_models import make_draft
+
+    target, draft = os.path.join(out, family.name, "target"), os.path.join(out, f"draft-{DRAFT}")
+    make_target = builders()[family.builder]
+    for path, make in (
+        (draft, lambda p: make_draft(p, **draft_spec())),
+        (target, lambda p: make_target(p, family=family.cls, seed=family.seed, favour=family.favour)),
+    ):
+        if not os.path.isdir(path):
+            partial = path + ".partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(os.path.dirname(partial), exist_ok=True)
+            make(partial)
+            os.rename(partial, path)
+    return target, draft
+
+
+def select(names: Optional[str]) -> list[Family]:
+    """The families named (comma-separated, in the order given), or all in priority order."""
+    if not names:
+        return list(FAMILIES)
+    unknown = [n for n in names.split(",") if n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}; known: {', '.join(BY_NAME)}")
+    return [BY_NAME[n] for n in names.split(",")]
+
+
+def run(argv=None) -> int:
+    import argparse
+    import json
+
+    from scripts.gpu.serve import lossless
+
+    p = argparse.ArgumentParser(description="one family: build its pair, then lossless.py on it")
+    p.add_argument("name", choices=list(BY_NAME))
+    p.add_argument("--models", required=True, help="where the pairs are built (and kept)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    family = BY_NAME[args.name]
+    print(f"== build {family.name} ({family.what})", flush=True)
+    target, draft = build(args.models, family)
+    argv = [target, draft, "--device", args.device, "--runs", "overlap", "--out", args.out]
+    argv += ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens), "--prefix-round"]
+    argv += ["--engine-args", json.dumps(family.engine_args(args.device))]
+    return lossless.main(argv)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["run"]:
+        sys.exit(run(sys.argv[2:]))
+    if sys.argv[1:2] != ["build"] or len(sys.argv) < 3:
+        sys.exit(__doc__)
+    for family in select(",".join(sys.argv[3:])):
+        print(family.name, *build(sys.argv[2], family))
