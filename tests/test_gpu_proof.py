@@ -268,6 +268,11 @@ def test_the_matrix_families_come_in_the_issues_priority_order():
     assert families.BY_NAME["llama_fp32"].engine_args("cuda")["dtype"] == "float32"
     assert families.BY_NAME["gemma4"].engine_args("cpu") == {"attention_backend": None}
     assert [f.name for f in families.select("gemma4,gpt_oss")] == ["gemma4", "gpt_oss"]
+    # Then the draft families, on the dense target, each its own draft variant and flags.
+    everything = families.select("")
+    assert [f.name for f in everything[-4:]] == ["dflash2", "domino", "laguna_draft", "mimo_sinks"]
+    assert {f.draft for f in everything[:-4]} == {"a"}
+    assert families.BY_NAME["domino"].dflash_args == {"speculative_domino_candidate_pool_size": 16}
     with pytest.raises(SystemExit, match="unknown families"):
         families.select("gpt_oss,nope")
 
@@ -279,6 +284,7 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
         "runs": {
             "dflash overlap": {
                 "startup_s": 40.1,
+                "proposals": "argmax",
                 "accept_length_at_bs1": 2.5,
                 "accept_length_at_bs6": 2.25,
                 "identical_at_bs1": "6/6",
@@ -295,7 +301,8 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
     note = gpu_proof.family_note(str(path))
     assert note == (
         "lossless: near-ties only; bfloat16; identical bs1 6/6, bs6 5/6; near-ties 1; "
-        "max logprob difference 0.03; acceptance 2.50 / 2.25; start-up dflash overlap 40.1 s, plain 30.0 s"
+        "max logprob difference 0.03; acceptance 2.50 / 2.25; start-up dflash overlap 40.1 s, plain 30.0 s; "
+        "proposals: argmax"
     )
     assert gpu_proof.family_note(str(tmp_path / "missing.json")) == "no results"
 

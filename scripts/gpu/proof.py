@@ -553,6 +553,8 @@ def family_note(path: str) -> str:
     parts.append("acceptance " + " / ".join("-" if a is None else f"{a:.2f}" for a in accept))
     startup = {run: v.get("startup_s") for run, v in results.get("runs", {}).items()}
     parts.append("start-up " + ", ".join(f"{run} {s} s" for run, s in startup.items()))
+    if dflash.get("proposals"):
+        parts.append(f"proposals: {dflash['proposals']}")
     return "; ".join(parts)
 
 

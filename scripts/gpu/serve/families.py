@@ -4,6 +4,11 @@
     python -m scripts.gpu.serve.families run NAME --models OUT --out F.json [--device cuda]
                                           [--prompts 6] [--new-tokens 32]
 
+The rows after the target families are the draft families on the dense (Llama) target:
+DFlash2's candidate selector, Domino's rollout, a Laguna draft's module path, and MiMo's
+attention sinks (which our FlashInfer draft attention refuses: SDPA applies them), each draft
+"a" given that family's fields and weights as tests/test_target_shapes.py gives them.
+
 `run` builds the family's pair (if not built) and runs `lossless.py` on it: the plain engine
 against our DFLASH, greedy, at batch 1, all prompts together, then a prefix-cache round, with
 the family's engine arguments.
@@ -38,6 +43,9 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."
 sys.path.insert(0, REPO)
 
 
+DRAFT = "a"  # tests/tiny_models.py DRAFTS: every family pairs with it
+
+
 @dataclass(frozen=True)
 class Family:
     """One row of the matrix: how to build its target, and what its engines take."""
@@ -50,6 +58,8 @@ class Family:
     cuda_args: dict = field(default_factory=dict)  # on top of lossless.py's CUDA_ARGS
     what: str = ""
     cpu_args: dict = field(default_factory=dict)  # on top of its CPU_ARGS
+    draft: str = DRAFT  # draft "a", or a variant built from it (`draft_variant`)
+    dflash_args: dict = field(default_factory=dict)  # the DFLASH engine's only
 
     def engine_args(self, device: str) -> dict:
         return dict(self.cuda_args if device == "cuda" else self.cpu_args)
@@ -72,8 +82,21 @@ FAMILIES = (
     Family("qwen3_5_moe", "hybrid", "qwen3_5_moe", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
     Family("glm4_moe_lite", "family", "glm4_moe_lite", 0, 5.0, TRITON, "MLA with query LoRA, MoE"),
 )
-BY_NAME = {f.name: f for f in FAMILIES}
-DRAFT = "a"  # tests/tiny_models.py DRAFTS: every family above pairs with it
+# The draft families, on the dense target, after the target families (the issue's second list).
+DENSE = dict(builder="family", cls="llama", seed=3, favour=6.0, cuda_args=TRITON)
+DRAFT_FAMILIES = (
+    Family("dflash2", **DENSE, what="DFlash2's candidate selector", draft="dflash2"),
+    Family(
+        "domino",
+        **DENSE,
+        what="Domino's rollout over a candidate pool of 16",
+        draft="domino",
+        dflash_args={"speculative_domino_candidate_pool_size": 16},
+    ),
+    Family("laguna_draft", **DENSE, what="a Laguna draft's module path", draft="laguna"),
+    Family("mimo_sinks", **DENSE, what="MiMo's attention sinks (SDPA)", draft="mimo_sinks"),
+)
+BY_NAME = {f.name: f for f in FAMILIES + DRAFT_FAMILIES}
 
 
 def builders() -> dict[str, Callable]:
@@ -90,15 +113,62 @@ def draft_spec() -> dict:
     return spec
 
 
+def draft_variant(path: str, variant: str) -> None:
+    """Draft "a" at `path` made a draft of family `variant`, in place (tests/tiny_models.py)."""
+    from tests import tiny_models
+
+    if variant == "dflash2":
+        tiny_models.add_selector(path)
+    elif variant == "domino":
+        tiny_models.add_domino(path, scale=1.0)
+    elif variant == "laguna":
+        tiny_models.add_laguna(path, gate_scale=1.0)
+    elif variant == "mimo_sinks":
+        add_sinks(path)
+    elif variant != DRAFT:
+        raise ValueError(f"unknown draft variant {variant!r}")
+
+
+def add_sinks(path: str, seed: int = 1) -> None:
+    """MiMo's attention sinks on every layer of the draft at `path`: `attention_sink_bias` in
+    its dflash_config and a per-head sink logit per layer."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["dflash_config"]["attention_sink_bias"] = True
+    with open(config_file, "w") as f:
+        json.dump(config, f, indent=2)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(config["num_hidden_layers"]):
+        tensors[f"layers.{i}.self_attn.attention_sink_bias"] = torch.randn(
+            config["num_attention_heads"], generator=gen
+        )
+    save_file(tensors, file)
+
+
 def build(out: str, family: Family) -> tuple[str, str]:
-    """OUT/<family>/target and OUT/draft-a (built once), each built beside and renamed, so a
-    cut build never leaves half a model. Returns (target, draft)."""
+    """The family's target and draft under OUT, each built once (targets shared by their class,
+    seed and favour), beside and renamed, so a cut build never leaves half a model.
+    Returns (target, draft)."""
     from tests.tiny_models import make_draft
 
-    target, draft = os.path.join(out, family.name, "target"), os.path.join(out, f"draft-{DRAFT}")
+    target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}")
+    draft = os.path.join(out, f"draft-{family.draft}")
     make_target = builders()[family.builder]
+
+    def make_draft_variant(p):
+        make_draft(p, **draft_spec())
+        draft_variant(p, family.draft)
+
     for path, make in (
-        (draft, lambda p: make_draft(p, **draft_spec())),
+        (draft, make_draft_variant),
         (target, lambda p: make_target(p, family=family.cls, seed=family.seed, favour=family.favour)),
     ):
         if not os.path.isdir(path):
@@ -111,9 +181,10 @@ def build(out: str, family: Family) -> tuple[str, str]:
 
 
 def select(names: Optional[str]) -> list[Family]:
-    """The families named (comma-separated, in the order given), or all in priority order."""
+    """The families named (comma-separated, in the order given), or all in priority order: the
+    target families, then the draft families."""
     if not names:
-        return list(FAMILIES)
+        return list(FAMILIES + DRAFT_FAMILIES)
     unknown = [n for n in names.split(",") if n not in BY_NAME]
     if unknown:
         raise SystemExit(f"unknown families {unknown}; known: {', '.join(BY_NAME)}")
@@ -140,6 +211,7 @@ def run(argv=None) -> int:
     argv = [target, draft, "--device", args.device, "--runs", "overlap", "--out", args.out]
     argv += ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens), "--prefix-round"]
     argv += ["--engine-args", json.dumps(family.engine_args(args.device))]
+    argv += ["--dflash-args", json.dumps(family.dflash_args)]
     return lossless.main(argv)
 
 

@@ -5,6 +5,7 @@
                                          [--new-tokens 64]
                                          [--prompts-file PAIR/prompts.json]
                                          [--prefix-round] [--engine-args JSON]
+                                         [--dflash-args JSON]
 
 Our DFLASH with overlap scheduling on and/or off, or with every decode step forced through the
 verify widths that have a graph each, in turn (`--runs`), then one plain engine, each through
@@ -13,7 +14,8 @@ Each serves the same prompts at batch 1 (one at a time) and all together, and wi
 `--prefix-round` then a round of prompts that extend the first one, whose tokens the radix
 cache then holds (a prefix-cache hit at every request), all with the chosen tokens' logprobs and
 the top two; every DFLASH output must equal the plain engine's in the same round.
-`--engine-args` adds arguments to both engines (a family's attention backend or dtype).
+`--engine-args` adds arguments to both engines (a family's attention backend or dtype),
+`--dflash-args` to DFLASH's only (a draft family's own flags).
 Prompts are random token ids, or the texts of `--prompts-file` (a trained pair's held-out
 prompts, tokenized with the target's tokenizer: there the draft's proposals are accepted, so
 the multi-token accept path is what is checked).
@@ -322,6 +324,7 @@ def main(argv=None) -> int:
         "--prefix-round", action="store_true", help="then prompts extending the first (radix cache)"
     )
     p.add_argument("--engine-args", default="{}", help="JSON: more sgl.Engine arguments for both engines")
+    p.add_argument("--dflash-args", default="{}", help="JSON: more sgl.Engine arguments for DFLASH's")
     args = p.parse_args(argv)
     extra = json.loads(args.engine_args)
     if args.prompts_file:
@@ -343,9 +346,11 @@ def main(argv=None) -> int:
         run = f"dflash {name}"
         print(f"== {run}", flush=True)
         with run_env(run, args.draft, args.device):
-            with engine(args.target, args.draft, args.device, **RUNS[name], **extra) as (served, started):
+            spec = dict(RUNS[name], **extra, **json.loads(args.dflash_args))
+            with engine(args.target, args.draft, args.device, **spec) as (served, started):
                 outputs[run], stats = serve_prompts(served, prompts, args.new_tokens)
-        results["runs"][run] = {"startup_s": round(started, 1)}
+                proposals = served.get_server_info()["internal_states"][0].get("dflash_proposals")
+        results["runs"][run] = {"startup_s": round(started, 1), "proposals": proposals}
         results["runs"][run].update({k: round(v, 2) for k, v in stats.items() if v is not None})
         save()
     print("== plain", flush=True)
