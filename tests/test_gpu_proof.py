@@ -326,3 +326,4 @@ def test_the_matrix_rehearses_on_cpu(tmp_path):
         assert "prefix 2/2" in records[f"matrix {family}"]["note"]
     report = (out / "gpu-proof-report.md").read_text()
     assert "## Target families (make gpu-matrix)" in report and "| gemma4 | sliding-window" in report
+    assert "| gemma4: dflash overlap | sglang scheduler_e2e |" in report  # each family's start-up phases

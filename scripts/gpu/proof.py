@@ -342,10 +342,14 @@ def render(data: dict, results: str, state: str, out: str) -> str:
             lines.append(f"| {name} | {what} | {s['status']} | {note} |")
         lines.append("")
     lossless_logs = sorted(glob.glob(os.path.join(results, "logs", "lossless*.log")))
+    lossless_logs += sorted(glob.glob(os.path.join(results, "logs", "matrix-*.log")))
     if lossless_logs:
         lines += ["## Start-up of the lossless engines\n", "| engine | phase | seconds |", "|---|---|---|"]
         for path in lossless_logs:
+            name = os.path.basename(path).removesuffix(".log")
+            family = f"{name.removeprefix('matrix-')}: " if name.startswith("matrix-") else ""
             for engine, text in engines_in(path):
+                engine = family + engine  # a matrix family's engines carry its name
                 lines += [f"| {engine} | {k} | {v:.1f} |" for k, v in report.startup(text).items()]
                 lines += [
                     f"| {engine} | {m} | |" for m in sorted(set(re.findall(r"draft_forward=\S+[^\n]*", text)))
