@@ -297,6 +297,38 @@ def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtyp
     return attend(layer_id, q.to(dtype), k.to(dtype), v.to(dtype))
 
 
+def random_store(cfg, num_slots: int, dtype=torch.bfloat16) -> DraftKVStore:
+    store = DraftKVStore(
+        num_slots=num_slots,
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=dtype,
+        device="cuda",
+    )
+    store.k.normal_()
+    store.v.normal_()
+    return store
+
+
+def assert_layers_match_sdpa(attn, cfg, store, req_to_token, rows, lens, window, bs, label=()):
+    """Every layer's output on random q/k/v against the SDPA oracle in float32, within twice the
+    error SDPA itself makes in the store's dtype."""
+    dtype = store.k.dtype
+    n, heads, kvh, d = bs * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    for layer_id in range(cfg.num_hidden_layers):
+        q = torch.randn(n, heads, d, device="cuda", dtype=dtype)
+        k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+        v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
+        got = attn(layer_id, q, k, v)
+        inputs = (cfg, store, req_to_token, rows, lens, q, k, v, layer_id)
+        want = sdpa_oracle(*inputs, torch.float32, window)
+        same_dtype = sdpa_oracle(*inputs, dtype, window)
+        err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
+        assert got.shape == (n, heads, d)
+        assert err <= max(2 * base, 1e-2), (*label, layer_id, float(err), float(base))
+
+
 @pytest.mark.gpu
 # A large slack makes the plan split the (host-)longer KV into more chunks than exist on the device.
 @pytest.mark.parametrize("slack", [0, 2500], ids=["exact-host-lens", "upper-bound-host-lens"])
@@ -314,19 +346,10 @@ def test_matches_sdpa(context_lens, slack, window):
     ]
     for cfg in configs:
         torch.manual_seed(0)
-        bs, dtype = len(context_lens), torch.bfloat16
+        bs = len(context_lens)
         target_slots = 3 * (max(context_lens) + 2 * BLOCK) * bs + 8
         max_bs = bs + 2
-        store = DraftKVStore(
-            num_slots=target_slots + fia.num_scratch_slots(max_bs, BLOCK),
-            num_layers=cfg.num_hidden_layers,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            dtype=dtype,
-            device="cuda",
-        )
-        store.k.normal_()
-        store.v.normal_()
+        store = random_store(cfg, target_slots + fia.num_scratch_slots(max_bs, BLOCK))
         req_to_token, rows = make_req_to_token(context_lens, target_slots)
         lens = torch.tensor(context_lens)
         attn = fia.FlashInferDraftAttention(
@@ -336,18 +359,7 @@ def test_matches_sdpa(context_lens, slack, window):
         host_lens, exact = lens + slack, slack == 0
         attn.bind(req_to_token.cuda(), rows.cuda(), lens.cuda(), host_lens, BLOCK, host_lens_exact=exact)
         committed = store.k[:, :target_slots].clone()
-        n, heads, kvh, d = bs * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        for layer_id in range(cfg.num_hidden_layers):
-            q = torch.randn(n, heads, d, device="cuda", dtype=dtype)
-            k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
-            v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
-            got = attn(layer_id, q, k, v)
-            inputs = (cfg, store, req_to_token, rows, lens, q, k, v, layer_id)
-            want = sdpa_oracle(*inputs, torch.float32, window)
-            same_dtype = sdpa_oracle(*inputs, dtype, window)
-            err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
-            assert got.shape == (n, heads, d)
-            assert err <= max(2 * base, 1e-2), (layer_id, float(err), float(base))
+        assert_layers_match_sdpa(attn, cfg, store, req_to_token, rows, lens, window, bs)
         assert torch.equal(store.k[:, :target_slots], committed), "block K/V leaked into committed slots"
 
 
@@ -411,18 +423,9 @@ def test_one_plan_free_plan_serves_every_later_step(window):
     with split-KV off, then steps of other lengths (up to the bound, padded rows included) bound
     on the device only, each against the SDPA oracle, in a graph-mode wrapper."""
     cfg = make_config(["full_attention", "sliding_attention", "full_attention"], window=40)
-    b, bound, dtype = 4, 2048, torch.bfloat16
+    b, bound = 4, 2048
     target_slots = 3 * (bound + 2 * BLOCK) * b + 8
-    store = DraftKVStore(
-        num_slots=target_slots + fia.num_scratch_slots(b, BLOCK),
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        dtype=dtype,
-        device="cuda",
-    )
-    store.k.normal_()
-    store.v.normal_()
+    store = random_store(cfg, target_slots + fia.num_scratch_slots(b, BLOCK))
     workspace = torch.empty(fia.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     buffers = fia.GraphBuffers.allocate(cfg, fia.kv_indices_capacity(b, bound, BLOCK), workspace)
     attn = fia.FlashInferDraftAttention(
@@ -441,14 +444,4 @@ def test_one_plan_free_plan_serves_every_later_step(window):
         req_to_token, rows = make_req_to_token(context_lens, target_slots, seed)
         lens = torch.tensor(context_lens)
         attn.bind_on_device(req_to_token.cuda(), rows.cuda(), lens.cuda(), BLOCK)
-        n, heads, kvh, d = b * BLOCK, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        for layer_id in range(cfg.num_hidden_layers):
-            q = torch.randn(n, heads, d, device="cuda", dtype=dtype)
-            k = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
-            v = torch.randn(n, kvh, d, device="cuda", dtype=dtype)
-            got = attn(layer_id, q, k, v)
-            inputs = (cfg, store, req_to_token, rows, lens, q, k, v, layer_id)
-            want = sdpa_oracle(*inputs, torch.float32, window)
-            same_dtype = sdpa_oracle(*inputs, dtype, window)
-            err, base = (got.float() - want).abs().max(), (same_dtype.float() - want).abs().max()
-            assert err <= max(2 * base, 1e-2), (seed, layer_id, float(err), float(base))
+        assert_layers_match_sdpa(attn, cfg, store, req_to_token, rows, lens, window, b, (seed,))

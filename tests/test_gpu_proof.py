@@ -140,6 +140,18 @@ def test_a_background_child_is_timed_to_its_end_not_to_its_collection(tmp_path):
 # ---- the rehearsal -----------------------------------------------------------------------------
 
 
+def rehearse(tmp_path, deadline: int, timeout: int, *args: str) -> pathlib.Path:
+    """`scripts/gpu/proof.py` on SGLang's CPU engine with `args`, no bundle, under `deadline`
+    seconds; it must succeed. Returns its --out folder."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
+    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", str(deadline)]
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return out
+
+
 @pytest.mark.sglang
 @pytest.mark.slow  # five servers, about 3 minutes: run it before a GPU session (--run-slow)
 def test_the_gpu_run_rehearses_on_cpu(tmp_path):
@@ -147,13 +159,9 @@ def test_the_gpu_run_rehearses_on_cpu(tmp_path):
     race at 6.5, the draft-step benchmark) on SGLang's
     CPU engine: the shipped trained pair for lossless, the tiny pair for the race; the pieces
     that need CUDA are skipped and say why."""
-    out, state = tmp_path / "out", tmp_path / "state"
-    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
-    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "400"]
-    cmd += ["--lossless-pairs", "trained", "--race-concurrency", "1", "--race-seconds", "2"]
-    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = rehearse(
+        tmp_path, 400, 600, "--lossless-pairs", "trained", "--race-concurrency", "1", "--race-seconds", "2"
+    )
     steps = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
     assert steps["lossless trained (overlap)"]["note"] == "lossless: identical"
     assert steps["lossless trained (widths)"]["note"] == "lossless: identical"  # each width's backend
@@ -176,14 +184,19 @@ def test_the_race_rehearses_on_cpu(tmp_path):
     """make gpu-race's steps on SGLang's CPU engine, at two levels: SGLang's simulated
     acceptance 3 (ours, ours at B, no speculation; the built-in refuses the CPU), then the
     geometric acceptance 3 (ours and ours at B only); the report's table has every column."""
-    out, state = tmp_path / "out", tmp_path / "state"
-    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
-    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "500"]
-    cmd += ["--steps", "race-3,race-geo-3", "--race-concurrency", "1,2", "--race-seconds", "2"]
-    cmd += ["--race-servers", "dflash,dflash-builtin,baseline,dflash-fixed"]
-    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=700)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = rehearse(
+        tmp_path,
+        500,
+        700,
+        "--steps",
+        "race-3,race-geo-3",
+        "--race-concurrency",
+        "1,2",
+        "--race-seconds",
+        "2",
+        "--race-servers",
+        "dflash,dflash-builtin,baseline,dflash-fixed",
+    )
     records = json.loads((out / "gpu-proof.json").read_text())["steps"]
     status = {(s["name"], s["status"]) for s in records}
     for name in ("race-3 dflash", "race-3 dflash-fixed", "race-geo-3 dflash", "race-geo-3 dflash-fixed"):
@@ -202,14 +215,19 @@ def test_the_adaptive_race_against_ours_at_b_rehearses_on_cpu(tmp_path):
     """make gpu-race's own comparison in brief, in `make test`: the geometric acceptance step,
     ours adaptive against ours at B, one level, through the proof's steps, servers and report
     (the slow test above runs every server at two levels)."""
-    out, state = tmp_path / "out", tmp_path / "state"
-    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
-    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "300"]
-    cmd += ["--steps", "race-geo-3", "--race-concurrency", "2", "--race-seconds", "1"]
-    cmd += ["--race-servers", "dflash,dflash-fixed"]
-    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = rehearse(
+        tmp_path,
+        300,
+        400,
+        "--steps",
+        "race-geo-3",
+        "--race-concurrency",
+        "2",
+        "--race-seconds",
+        "1",
+        "--race-servers",
+        "dflash,dflash-fixed",
+    )
     records = json.loads((out / "gpu-proof.json").read_text())["steps"]
     status = {(s["name"], s["status"]) for s in records}
     assert {("race-geo-3 dflash", "ok"), ("race-geo-3 dflash-fixed", "ok")} <= status, records
@@ -312,13 +330,7 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
 def test_the_matrix_rehearses_on_cpu(tmp_path):
     """make gpu-matrix's step on SGLang's CPU engine, two families one after the other: each
     built, compared (batch 1, together, prefix round) and reported in the families' table."""
-    out, state = tmp_path / "out", tmp_path / "state"
-    cmd = [sys.executable, "-m", "scripts.gpu.proof", "--device", "cpu", "--out", str(out)]
-    cmd += ["--state", str(state), "--bundle", str(tmp_path / "no-bundle"), "--deadline", "500"]
-    cmd += ["--steps", "matrix", "--families", "gemma4,qwen3_moe"]
-    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=700)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = rehearse(tmp_path, 500, 700, "--steps", "matrix", "--families", "gemma4,qwen3_moe")
     records = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
     for family in ("gemma4", "qwen3_moe"):
         assert records[f"matrix {family}"]["status"] == "ok", records

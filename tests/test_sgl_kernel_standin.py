@@ -121,12 +121,17 @@ def test_it_offers_every_name_sglangs_kernel_registry_loads_on_cuda(view):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def _load_moe():
-    path = gpu_machine.STANDIN / "sgl_kernel" / "moe.py"
-    spec = importlib.util.spec_from_file_location("standin_moe", path)
+def _load_standin_module(name: str):
+    """One module of the stand-in's package, loaded from its file (no opt-in, no sgl_kernel)."""
+    path = gpu_machine.STANDIN / "sgl_kernel" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"standin_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_moe():
+    return _load_standin_module("moe")
 
 
 def _align_by_loop(topk_ids: list[int], buckets: int, block: int):
@@ -329,18 +334,10 @@ def test_moe_align_block_size_matches_sglangs_reference_inside_a_cuda_graph(stan
     )
 
 
-def _load_float32():
-    path = gpu_machine.STANDIN / "sgl_kernel" / "float32.py"
-    spec = importlib.util.spec_from_file_location("standin_float32", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_float32_norms_and_activations_match_pytorch():
     """The stand-in's float32 path (FlashInfer's kernels take fp16/bf16 only), against
     PyTorch's own RMSNorm and gated activations; the fused norm in place, as sgl-kernel's."""
-    f32 = _load_float32()
+    f32 = _load_standin_module("float32")
     x, w = torch.randn(5, 64), torch.randn(64)
     want = torch.nn.functional.rms_norm(x, (64,), w, 1e-6)
     torch.testing.assert_close(f32.rmsnorm(x, w, 1e-6), want)

@@ -426,21 +426,13 @@ class FlashInferDraftAttention:
             # plan rewrites it (module docstring); normally long done, so this returns at once.
             self._planned.synchronize()
         for kind, wrapper in self.wrappers.items():
-            wrapper.plan(
+            self._plan(
+                wrapper,
+                kind,
                 layout.qo_indptr_host,
                 layout.kv_indptr_host,
                 layout.kv_indices,
                 layout.last_page_len_host,
-                self.num_heads,
-                self.num_kv_heads,
-                self.config.head_dim,
-                1,  # page size
-                causal=kind.causal,
-                window_left=kind.window_left,
-                sm_scale=self.scale,
-                q_data_type=self.q_dtype,
-                kv_data_type=self.store.k.dtype,
-                non_blocking=True,
                 disable_split_kv=not host_lens_exact,
             )
             if self.graph_batch_size is None:
@@ -450,6 +442,26 @@ class FlashInferDraftAttention:
         self._record_planned()
         self.layout = layout  # keeps the device buffers alive for the step
         return self
+
+    def _plan(self, wrapper, kind: LayerKind, qo_indptr, kv_indptr, kv_indices, last_page_len, **options):
+        """FlashInfer's plan of one layer kind, page size 1, on this draft's heads and dtypes."""
+        wrapper.plan(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            last_page_len,
+            self.num_heads,
+            self.num_kv_heads,
+            self.config.head_dim,
+            1,  # page size
+            causal=kind.causal,
+            window_left=kind.window_left,
+            sm_scale=self.scale,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.store.k.dtype,
+            non_blocking=True,
+            **options,
+        )
 
     def _record_planned(self) -> None:
         if self.store.k.device.type == "cuda":
@@ -468,22 +480,15 @@ class FlashInferDraftAttention:
             raise ValueError(f"block_size {block_size} differs from the draft's {self.config.block_size}")
         indptr = torch.arange(b + 1, dtype=torch.int32) * block_size  # empty contexts
         device = self.store.k.device
+        indices = torch.zeros(b * block_size, dtype=torch.int32, device=device)
         for kind, wrapper in self.wrappers.items():
-            wrapper.plan(
+            self._plan(
+                wrapper,
+                kind,
                 indptr,
                 indptr,
-                torch.zeros(b * block_size, dtype=torch.int32, device=device),
+                indices,
                 torch.ones(b, dtype=torch.int32),
-                self.num_heads,
-                self.num_kv_heads,
-                self.config.head_dim,
-                1,  # page size
-                causal=kind.causal,
-                window_left=kind.window_left,
-                sm_scale=self.scale,
-                q_data_type=self.q_dtype,
-                kv_data_type=self.store.k.dtype,
-                non_blocking=True,
                 disable_split_kv=True,
             )
         self._record_planned()
