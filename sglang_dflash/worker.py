@@ -254,7 +254,10 @@ class DFlashWorker(BaseSpecWorker):
         if self.verify_widths is not None:
             table, costs = None, "learnt online"
             if self.verify_widths.graphed:
-                draft_graphs = {size: g.graph for size, g in self.runtime.step.graphs.items()}
+                # The plan-free graphs where there are (they serve the short contexts), else the
+                # split-KV ones; either replays its capture-time (empty) contexts.
+                step = self.runtime.step
+                draft_graphs = {size: g.graph for size, g in (step.plan_free or step.graphs).items()}
                 table, costs = cost_table(self.model_runner, self.verify_widths, draft_graphs)
             self.step_width.use_verify_widths(self.verify_widths.widths, self.verify_widths.graphed, table)
             described += f"; step costs: {costs}"

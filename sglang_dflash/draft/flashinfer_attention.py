@@ -37,7 +37,7 @@ takes): FlashInfer's graph-mode plan always splits the KV, pads its grid to a si
 not depend on the lengths, and keeps its work partition in device buffers at fixed offsets, so
 one captured `run` serves every later plan of the same batch size.
 
-Plan-free graphs (`fixed_plan=True`, graph mode): with split-KV off, FlashInfer's graph-mode plan
+Plan-free graphs (`plan_free_max_len=n`, graph mode): with split-KV off, FlashInfer's graph-mode plan
 depends on nothing but the batch size and the query rows (b x Bd): one chunk per request and
 query tile, a grid padded to a fixed size with a mask over the padding, and the kernel reading
 each request's KV length from the device `kv_indptr` (FlashInfer 0.7.2, `PrefillSplitQOKVIndptr`

@@ -216,7 +216,7 @@ class DraftStep:
             visible = host_lens if self.context_window is None else host_lens.clamp(max=self.context_window)
             size = bucket_for(bs, self.sizes)
             # Host values (no sync), exact or upper bounds: both bound the device lengths.
-            if size in self.plan_free and int(visible.max()) <= self.plan_free_max_len:
+            if bs and size in self.plan_free and int(visible.max()) <= self.plan_free_max_len:
                 if req_to_token.data_ptr() != self.req_to_token.data_ptr():
                     raise ValueError("the plan-free draft graphs were captured over another req_to_token")
                 return self._replay(self.plan_free[size], None, bonus, seq_lens, req_pool_indices, host_lens)
@@ -345,6 +345,8 @@ class DraftStep:
 
         def forward() -> StepOutput:
             if plan_free:
+                # First in the graph: FlashInfer's kernels read the indptr before their PDL wait,
+                # so its writes must be well upstream of the first attention kernel.
                 bound = attention.bind_on_device(req_to_token, g.pool_rows, g.seq_lens, self.block_size)
                 return self._forward(g.bonus, g.seq_lens, bound)
             return self._forward(g.bonus, g.seq_lens, attend)
@@ -437,8 +439,8 @@ def capture_in_sglang(
     # SGLang's own measure of its graphs' memory: free GB after returning the cache.
     free_before = get_available_gpu_memory(runner.device, runner.gpu_id)
     bound = plan_free_max_len(plan_free_env)
-    if bound is not None and step.context_window is not None:
-        bound = min(bound, step.context_window)  # no visible context is longer
+    if bound is not None:  # no visible context is longer than a request-pool row or the window
+        bound = min(bound, req_to_token.shape[1], step.context_window or bound)
     capacity, make_attention, make_plan_free = graph_attention(max(sizes), bound)
     seconds = step.capture(
         sizes,
