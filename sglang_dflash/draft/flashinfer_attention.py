@@ -102,13 +102,13 @@ def unavailable_reason(
     compute dtype; None: not checked), or None if it can."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
+    if config.attention_sink_bias:
+        return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
     if dtype is not None and dtype not in FLASHINFER_DTYPES:
         return f"FlashInfer's prefill kernels take fp16 or bf16, the draft runs in {dtype}"
     if config.head_dim not in FLASHINFER_HEAD_DIMS:
         dims = ", ".join(map(str, FLASHINFER_HEAD_DIMS))
         return f"FlashInfer's prefill kernels are built for head_dim {dims}, the draft's is {config.head_dim}"
-    if config.attention_sink_bias:
-        return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
     try:
         import flashinfer  # noqa: F401
     except ImportError as error:
