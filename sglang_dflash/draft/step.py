@@ -456,13 +456,14 @@ def capture_in_sglang(
     used_gb = free_before - get_available_gpu_memory(runner.device, runner.gpu_id)
     plan_free = (
         f"plan-free graphs (split-KV off, planned once) up to {bound} tokens of visible context, "
-        "split-KV graphs planned per step above"
+        "split-KV graphs planned per step above (eager there for steps without exact host lengths)"
         if bound is not None
-        else f"split-KV graphs planned per step ({PLAN_FREE_ENV}=0)"
+        else f"split-KV graphs planned per step ({PLAN_FREE_ENV}=0; eager for steps without exact "
+        "host lengths)"
     )
     logger.info(
         "DFLASH draft step: CUDA graphs for batch sizes %s (%.2f GB, %.1f s; page-index buffer %d): %s; "
-        "eager above %d requests and, above the plan-free bound, for steps without exact host lengths",
+        "eager above %d requests",
         list(sizes),
         used_gb,
         seconds,
