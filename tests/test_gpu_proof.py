@@ -325,6 +325,36 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
     assert gpu_proof.family_note(str(tmp_path / "missing.json")) == "no results"
 
 
+def test_a_margin_is_counted_in_rounding_steps_at_the_logits_magnitude():
+    import torch
+
+    from scripts.gpu.serve import families
+
+    token, steps = families.margin_steps(torch.tensor([9.95, 10.0, 3.0]), "bfloat16")
+    assert token == 1 and steps == pytest.approx(0.8, abs=1e-4)  # 0.05 at a step of 1/16
+    # In float32 the same margin is 0.05 * 2^20 steps: no tie.
+    assert families.margin_steps(torch.tensor([9.95, 10.0, 3.0]), "float32")[1] > 5e4
+
+
+def test_the_near_tie_rate_is_measured_on_the_familys_target(tmp_path):
+    """A favoured dense target has few near-ties at its greedy choices; the same target with its
+    LM head zeroed (every logit equal) has one at every position: the count can fail."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from scripts.gpu.serve import families
+
+    target, _ = families.build(str(tmp_path), families.BY_NAME["llama_fp32"])
+    prompts = lossless.random_prompts(384, 2)
+    found = families.near_ties(target, prompts, 4)
+    assert found["positions"] == 8 and found["near_ties"] <= 2
+    file = os.path.join(target, "model.safetensors")
+    weights = load_file(file)
+    weights["lm_head.weight"] = torch.zeros_like(weights["lm_head.weight"])
+    save_file(weights, file, metadata={"format": "pt"})
+    assert families.near_ties(target, prompts, 4)["near_ties"] == 8
+
+
 @pytest.mark.sglang
 @pytest.mark.slow  # two families, two engines each, about 2 minutes: run it before a GPU session
 def test_the_matrix_rehearses_on_cpu(tmp_path):

@@ -502,7 +502,9 @@ def lossless(proof: Proof, runs: str, pairs: str) -> None:
         proof.step(name, 10 + engines * proof.estimate("lossless-engine"), body)
 
 
-MATRIX_PROMPTS = {"cuda": ("6", "32"), "cpu": ("3", "12")}  # prompts, new tokens per family
+# Prompts and new tokens per family: on CUDA those whose near-tie rate `families.py nearties`
+# measures, fewer on CPU.
+MATRIX_PROMPTS = {"cuda": ("6", "32"), "cpu": ("3", "12")}
 
 
 def matrix(proof: Proof, families: str, parallel: int) -> None:

@@ -3,6 +3,7 @@
     python -m scripts.gpu.serve.families build OUT [NAME ...]   # build them (all by default)
     python -m scripts.gpu.serve.families run NAME --models OUT --out F.json [--device cuda]
                                           [--prompts 6] [--new-tokens 32]
+    python -m scripts.gpu.serve.families nearties OUT [NAME ...]   # near-tie rate, CPU
 
 The rows after the target families are the draft families on the dense (Llama) target:
 DFlash2's candidate selector, Domino's rollout, a Laguna draft's module path, and MiMo's
@@ -22,6 +23,10 @@ path, and the target is peaked, so its greedy choices are far from ties. The see
 CPU; the favours are those too where they give an acceptance above 1.5 on the matrix's prompts,
 else raised until they did (the favoured token then takes half to 85% of the greedy choices;
 the table in docs/gpu.md, "Every target family", was measured on CPU with these).
+
+`nearties` measures, before any GPU, how often a family's greedy choices on the matrix's prompts
+are near-ties in bf16 (`near_ties`): where they are, the plain engine and DFLASH may part by
+rounding, and the comparison can only excuse and resync, not check.
 
 Engine arguments per device: on CUDA every family runs on SGLang's Triton attention backend
 (gpt-oss's sinks and Gemma-4's sliding windows need it; the MLA and hybrid targets take it; the
@@ -191,6 +196,65 @@ def select(names: Optional[str]) -> list[Family]:
     return [BY_NAME[n] for n in names.split(",")]
 
 
+MATRIX_PROMPTS, MATRIX_NEW_TOKENS = 6, 32  # what `make gpu-matrix` serves per family on CUDA
+
+
+def margin_steps(logits, dtype: str) -> tuple[int, float]:
+    """(greedy token, its margin over the runner-up in `dtype` rounding steps at the logits'
+    magnitude), for one position's float32 logits [vocab]. E.g., logits [9.95, 10.0, 3.0] in
+    bfloat16 (a step of 1/16 in [8, 16)): (1, 0.8), a near-tie (lossless.TIE_STEPS is 2)."""
+    from scripts.gpu.serve.lossless import rounding_step
+
+    top = logits.topk(2)
+    margin = float(top.values[0] - top.values[1])
+    return int(top.indices[0]), margin / rounding_step(float(logits.abs().max()), dtype)
+
+
+def near_ties(target: str, prompts: list, new_tokens: int, dtype: str = "bfloat16") -> dict:
+    """The target's greedy continuation of each prompt (transformers, float32, CPU), with at
+    every position the greedy margin in `dtype` rounding steps (`margin_steps`): {"positions",
+    "near_ties" (within lossless.TIE_STEPS), "smallest_steps"}."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scripts.gpu.serve.lossless import TIE_STEPS
+
+    model = AutoModelForCausalLM.from_pretrained(target, torch_dtype=torch.float32).eval()
+    steps = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(new_tokens):  # tiny models: a whole forward per token is fast enough
+                token, margin = margin_steps(model(torch.tensor([ids])).logits[0, -1], dtype)
+                steps.append(margin)
+                ids.append(token)
+    return {
+        "positions": len(steps),
+        "near_ties": sum(s <= TIE_STEPS for s in steps),
+        "smallest_steps": round(min(steps), 2),
+    }
+
+
+def nearties(argv: list) -> int:
+    """Each family's near-tie rate in bf16 on the matrix's prompts, a line each."""
+    import json
+
+    from scripts.gpu.serve.lossless import random_prompts
+
+    out, names = argv[0], argv[1:]
+    print("family | near-ties in bf16 | positions | smallest margin (bf16 steps)")
+    seen = {}
+    for family in select(",".join(names)):
+        target, _ = build(out, family)
+        if target not in seen:
+            with open(os.path.join(target, "config.json")) as f:
+                prompts = random_prompts(json.load(f)["vocab_size"], MATRIX_PROMPTS)
+            seen[target] = near_ties(target, prompts, MATRIX_NEW_TOKENS)
+        found = seen[target]
+        print(f"{family.name} | {found['near_ties']} | {found['positions']} | {found['smallest_steps']}", flush=True)
+    return 0
+
+
 def run(argv=None) -> int:
     import argparse
     import json
@@ -218,6 +282,8 @@ def run(argv=None) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         sys.exit(run(sys.argv[2:]))
+    if sys.argv[1:2] == ["nearties"] and len(sys.argv) > 2:
+        sys.exit(nearties(sys.argv[2:]))
     if sys.argv[1:2] != ["build"] or len(sys.argv) < 3:
         sys.exit(__doc__)
     for family in select(",".join(sys.argv[3:])):
