@@ -251,7 +251,8 @@ def nearties(argv: list) -> int:
                 prompts = random_prompts(json.load(f)["vocab_size"], MATRIX_PROMPTS)
             seen[target] = near_ties(target, prompts, MATRIX_NEW_TOKENS)
         found = seen[target]
-        print(f"{family.name} | {found['near_ties']} | {found['positions']} | {found['smallest_steps']}", flush=True)
+        row = (family.name, found["near_ties"], found["positions"], found["smallest_steps"])
+        print(" | ".join(str(x) for x in row), flush=True)
     return 0
 
 
