@@ -291,8 +291,51 @@ def test_the_matrix_families_come_in_the_issues_priority_order():
     assert [f.name for f in everything[-4:]] == ["dflash2", "domino", "laguna_draft", "mimo_sinks"]
     assert {f.draft for f in everything[:-4]} == {"a"}
     assert families.BY_NAME["domino"].dflash_args == {"speculative_domino_candidate_pool_size": 16}
+    # Sampled and grammar requests: the draft families and the float32 one.
+    assert [f.name for f in everything if f.sampled] == ["llama_fp32"] + [
+        f.name for f in families.DRAFT_FAMILIES
+    ]
     with pytest.raises(SystemExit, match="unknown families"):
         families.select("gpt_oss,nope")
+
+
+def _samples(seed: int, probabilities: list, n: int = 600) -> list:
+    import random
+
+    rng = random.Random(seed)
+    return [[0] + rng.choices(range(len(probabilities)), probabilities, k=3) for _ in range(n)]
+
+
+def test_the_sampled_round_fails_on_another_distribution_a_text_outside_the_grammar_or_a_greedy_difference():
+    """compare_samples against its oracles: two samples of one distribution pass (the first,
+    prefill, token is not tested); another distribution at the verify's positions, a
+    constrained text outside the regex, or a greedy difference not at a near-tie fails."""
+    greedy = lossless.Output([5, 6, 7], [-0.1] * 3, [2.0, 2.0, 0.01])
+
+    def run(samples, texts=("ab", "cdh"), ids=(5, 6, 7)):
+        return {
+            "samples": samples,
+            "constrained": list(texts),
+            "greedy_constrained": lossless.Output(list(ids), [-0.1] * 3, [2.0] * 3),
+            "accept_length_sampled": 2.0,
+        }
+
+    plain = run(_samples(0, [0.4, 0.3, 0.2, 0.1]))
+    same = lossless.compare_samples(
+        run(_samples(1, [0.4, 0.3, 0.2, 0.1])), dict(plain, greedy_constrained=greedy), "bfloat16"
+    )
+    assert same["sampled_ok"] and lossless.samples_verdict(same) == "identical"
+    other = lossless.compare_samples(run(_samples(1, [0.25] * 4)), plain, "bfloat16")
+    assert not other["sampled_ok"] and lossless.samples_verdict(other) is False
+    outside = lossless.compare_samples(
+        run(_samples(1, [0.4, 0.3, 0.2, 0.1]), texts=("ab", "abcd")), plain, "bfloat16"
+    )
+    assert outside["constrained_outside_grammar"] == ["abcd"] and lossless.samples_verdict(outside) is False
+    plain = dict(plain, greedy_constrained=greedy)
+    wrong = lossless.compare_samples(run(_samples(1, [0.4, 0.3, 0.2, 0.1]), ids=(5, 9, 7)), plain, "bfloat16")
+    assert wrong["greedy_constrained"] == "differs at token 1" and lossless.samples_verdict(wrong) is False
+    tie = lossless.compare_samples(run(_samples(1, [0.4, 0.3, 0.2, 0.1]), ids=(5, 6, 9)), plain, "bfloat16")
+    assert tie["greedy_constrained"] == "near-tie" and lossless.samples_verdict(tie) == "near-ties only"
 
 
 def test_a_familys_row_says_what_its_comparison_found(tmp_path):
@@ -310,6 +353,12 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
                 "identical_at_bs6": "5/6",
                 "max_logprob_difference_at_bs6": 0.03,
                 "near_ties_at_bs6": ["token 9: plain's top-2 margin 0.0312"],
+                "sampled": {
+                    "sampled_chi_square_p": [0.21, 0.09, 0.5],
+                    "sampled_ok": True,
+                    "constrained_outside_grammar": [],
+                    "greedy_constrained": "identical",
+                },
             },
             "plain": {"startup_s": 30.0},
         },
@@ -320,7 +369,7 @@ def test_a_familys_row_says_what_its_comparison_found(tmp_path):
     assert note == (
         "lossless: near-ties only; bfloat16; identical bs1 6/6, bs6 5/6; near-ties 1; "
         "max logprob difference 0.03; acceptance 2.50 / 2.25; start-up dflash overlap 40.1 s, plain 30.0 s; "
-        "proposals: argmax"
+        "sampled chi-square p 0.21, 0.09, 0.5; grammar: 0 outside, greedy identical; proposals: argmax"
     )
     assert gpu_proof.family_note(str(tmp_path / "missing.json")) == "no results"
 
@@ -359,13 +408,16 @@ def test_the_near_tie_rate_is_measured_on_the_familys_target(tmp_path):
 @pytest.mark.slow  # two families, two engines each, about 2 minutes: run it before a GPU session
 def test_the_matrix_rehearses_on_cpu(tmp_path):
     """make gpu-matrix's step on SGLang's CPU engine, two families one after the other: each
-    built, compared (batch 1, together, prefix round) and reported in the families' table."""
-    out = rehearse(tmp_path, 500, 700, "--steps", "matrix", "--families", "gemma4,qwen3_moe")
+    built, compared (batch 1, together, prefix round) and reported in the families' table; the
+    draft family with its sampled and grammar requests."""
+    out = rehearse(tmp_path, 500, 700, "--steps", "matrix", "--families", "gemma4,dflash2")
     records = {s["name"]: s for s in json.loads((out / "gpu-proof.json").read_text())["steps"]}
-    for family in ("gemma4", "qwen3_moe"):
+    for family in ("gemma4", "dflash2"):
         assert records[f"matrix {family}"]["status"] == "ok", records
         assert records[f"matrix {family}"]["note"].startswith("lossless: identical"), records
         assert "prefix 2/2" in records[f"matrix {family}"]["note"]
+    assert "sampled chi-square p" not in records["matrix gemma4"]["note"]
+    assert "grammar: 0 outside, greedy identical" in records["matrix dflash2"]["note"]
     report = (out / "gpu-proof-report.md").read_text()
     assert "## Target families (make gpu-matrix)" in report and "| gemma4 | sliding-window" in report
     assert "| gemma4: dflash overlap | sglang scheduler_e2e |" in report  # each family's start-up phases

@@ -502,9 +502,9 @@ def lossless(proof: Proof, runs: str, pairs: str) -> None:
         proof.step(name, 10 + engines * proof.estimate("lossless-engine"), body)
 
 
-# Prompts and new tokens per family: on CUDA those whose near-tie rate `families.py nearties`
-# measures, fewer on CPU.
-MATRIX_PROMPTS = {"cuda": ("6", "32"), "cpu": ("3", "12")}
+# Prompts, new tokens and sampled requests per family: on CUDA the prompts whose near-tie rate
+# `families.py nearties` measures, fewer on CPU.
+MATRIX_PROMPTS = {"cuda": ("6", "32", "1000"), "cpu": ("3", "12", "200")}
 
 
 def matrix(proof: Proof, families: str, parallel: int) -> None:
@@ -514,7 +514,7 @@ def matrix(proof: Proof, families: str, parallel: int) -> None:
     from scripts.gpu.serve.families import select
 
     models = os.path.join(proof.state, "models", "families")
-    prompts, tokens = MATRIX_PROMPTS[proof.device]
+    prompts, tokens, samples = MATRIX_PROMPTS[proof.device]
     running: list = []  # (name, results file)
 
     def collect() -> None:
@@ -536,6 +536,7 @@ def matrix(proof: Proof, families: str, parallel: int) -> None:
             continue
         cmd = [sys.executable, "-m", "scripts.gpu.serve.families", "run", family.name, "--models", models]
         cmd += ["--out", out, "--device", proof.device, "--prompts", prompts, "--new-tokens", tokens]
+        cmd += ["--samples", samples]
         proof.start_background(name, cmd)
         running.append((name, out))
     while running:
@@ -544,7 +545,8 @@ def matrix(proof: Proof, families: str, parallel: int) -> None:
 
 def family_note(path: str) -> str:
     """One family's comparison in a line: the verdict, identical outputs per round, near-ties,
-    the largest logprob difference and the acceptance, from lossless.py's results."""
+    the largest logprob difference and the acceptance, then the sampled round's p-values and
+    grammar results where it ran, from lossless.py's results."""
     if not os.path.isfile(path):
         return "no results"
     results = json.load(open(path))
@@ -559,6 +561,12 @@ def family_note(path: str) -> str:
     parts.append("acceptance " + " / ".join("-" if a is None else f"{a:.2f}" for a in accept))
     startup = {run: v.get("startup_s") for run, v in results.get("runs", {}).items()}
     parts.append("start-up " + ", ".join(f"{run} {s} s" for run, s in startup.items()))
+    if dflash.get("sampled"):
+        found = dflash["sampled"]
+        p = ", ".join(f"{v:g}" for v in found["sampled_chi_square_p"])
+        parts.append(f"sampled chi-square p {p}")
+        outside = len(found["constrained_outside_grammar"])
+        parts.append(f"grammar: {outside} outside, greedy {found['greedy_constrained']}")
     if dflash.get("proposals"):
         parts.append(f"proposals: {dflash['proposals']}")
     return "; ".join(parts)

@@ -2,7 +2,7 @@
 
     python -m scripts.gpu.serve.families build OUT [NAME ...]   # build them (all by default)
     python -m scripts.gpu.serve.families run NAME --models OUT --out F.json [--device cuda]
-                                          [--prompts 6] [--new-tokens 32]
+                                          [--prompts 6] [--new-tokens 32] [--samples 1000]
     python -m scripts.gpu.serve.families nearties OUT [NAME ...]   # near-tie rate, CPU
 
 The rows after the target families are the draft families on the dense (Llama) target:
@@ -12,7 +12,8 @@ attention sinks (which our FlashInfer draft attention refuses: SDPA applies them
 
 `run` builds the family's pair (if not built) and runs `lossless.py` on it: the plain engine
 against our DFLASH, greedy, at batch 1, all prompts together, then a prefix-cache round, with
-the family's engine arguments.
+the family's engine arguments; for the draft families and the float32 one, with `--samples`,
+then sampled requests (a chi-square against the plain engine's) and requests under a grammar.
 
 Each family is a tiny seeded target of that SGLang class (`tests/tiny_models.py`: shaped like
 target "a", hidden 64, 4 layers, vocab 384) whose embedding and LM head favour one token, so the
@@ -65,6 +66,7 @@ class Family:
     cpu_args: dict = field(default_factory=dict)  # on top of its CPU_ARGS
     draft: str = DRAFT  # draft "a", or a variant built from it (`draft_variant`)
     dflash_args: dict = field(default_factory=dict)  # the DFLASH engine's only
+    sampled: bool = False  # `run --samples` adds lossless.py's sampled and grammar requests
 
     def engine_args(self, device: str) -> dict:
         return dict(self.cuda_args if device == "cuda" else self.cpu_args)
@@ -81,14 +83,23 @@ FAMILIES = (
     Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE"),
     Family("qwen3_5", "hybrid", "qwen3_5", 0, 10.0, TRITON, "Gated DeltaNet layers, then full attention"),
     Family("deepseek_v3", "family", "deepseek_v3", 0, 5.0, TRITON, "MLA, dense then MoE, YaRN"),
-    Family("llama_fp32", "family", "llama", 3, 6.0, dict(TRITON, dtype="float32"), "float32 on Triton"),
+    Family(
+        "llama_fp32",
+        "family",
+        "llama",
+        3,
+        6.0,
+        dict(TRITON, dtype="float32"),
+        "float32 on Triton",
+        sampled=True,
+    ),
     # As time allows.
     Family("qwen3_next", "hybrid", "qwen3_next", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
     Family("qwen3_5_moe", "hybrid", "qwen3_5_moe", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
     Family("glm4_moe_lite", "family", "glm4_moe_lite", 0, 5.0, TRITON, "MLA with query LoRA, MoE"),
 )
 # The draft families, on the dense target, after the target families (the issue's second list).
-DENSE = dict(builder="family", cls="llama", seed=3, favour=6.0, cuda_args=TRITON)
+DENSE = dict(builder="family", cls="llama", seed=3, favour=6.0, cuda_args=TRITON, sampled=True)
 DRAFT_FAMILIES = (
     Family("dflash2", **DENSE, what="DFlash2's candidate selector", draft="dflash2"),
     Family(
@@ -269,6 +280,9 @@ def run(argv=None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument(
+        "--samples", type=int, default=0, help="sampled requests per engine, if the family samples"
+    )
     args = p.parse_args(argv)
     family = BY_NAME[args.name]
     print(f"== build {family.name} ({family.what})", flush=True)
@@ -277,6 +291,8 @@ def run(argv=None) -> int:
     argv += ["--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens), "--prefix-round"]
     argv += ["--engine-args", json.dumps(family.engine_args(args.device))]
     argv += ["--dflash-args", json.dumps(family.dflash_args)]
+    if family.sampled and args.samples:
+        argv += ["--samples", str(args.samples)]
     return lossless.main(argv)
 
 

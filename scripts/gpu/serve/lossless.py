@@ -5,7 +5,7 @@
                                          [--new-tokens 64]
                                          [--prompts-file PAIR/prompts.json]
                                          [--prefix-round] [--engine-args JSON]
-                                         [--dflash-args JSON]
+                                         [--dflash-args JSON] [--samples 1000]
 
 Our DFLASH with overlap scheduling on and/or off, or with every decode step forced through the
 verify widths that have a graph each, in turn (`--runs`), then one plain engine, each through
@@ -31,6 +31,12 @@ the multi-token accept path is what is checked).
   there, up to MAX_RESYNCS times per output.
 * **Logprobs.** Where the tokens agree, the chosen tokens' logprobs are compared too: the
   largest difference is reported per run.
+* **Sampled and constrained requests** (`--samples N`, engines then load the target's
+  tokenizer): N sampled requests of one prompt on each engine, whose tokens at each position
+  after the first (a verify's, not the prefill's) must come from one distribution on both (a
+  chi-square homogeneity test at ALPHA per position, tests/stats.py), and
+  requests under a regex (`GRAMMAR`): N/8 sampled, each of whose texts must match it, and one
+  greedy, whose tokens must equal the plain engine's (a difference at a near-tie is excused).
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ TIE_STEPS = 2
 MANTISSA_BITS = {"bfloat16": 7, "float32": 23}
 NEAR_TIE = TIE_STEPS * 2**-4  # two bf16 steps at [8, 16): the rule where the logits are not measured
 MAX_RESYNCS = 4  # near-ties followed per output
+# `--samples`: the sampled requests' parameters; each position's tokens are tested but the first.
+SAMPLED = {"temperature": 1.0, "top_k": 16, "max_new_tokens": 4, "ignore_eos": True}
+# Two or three letters from a-h (the tiny tokenizer has tokens of one and of two letters, so
+# several token paths spell one text); a greedy and sampled requests under it.
+GRAMMAR = "[a-h]{2,3}"
+CONSTRAINED = {"temperature": 1.0, "max_new_tokens": 4, "regex": GRAMMAR}
 # What the kit passes on CUDA (docs/gpu.md, "Serving on a GPU"); CPU runs use SGLang's CPU engine.
 CUDA_ARGS = dict(
     attention_backend="flashinfer",
@@ -308,6 +320,68 @@ def serve_prompts(served, prompts: dict, new_tokens: int) -> tuple[dict, dict]:
     return {name: [Output.from_engine(o) for o in outs] for name, outs in out.items()}, stats
 
 
+def sample(served, prompt: list, samples: int) -> dict:
+    """`--samples`' requests on one engine: {"samples": [each sampled output's ids],
+    "constrained": [each sampled text under GRAMMAR], "greedy_constrained":
+    the greedy output under it (an Output), "accept_length_sampled"}, all of one prompt,
+    submitted together."""
+    sampled = served.generate(input_ids=[prompt] * samples, sampling_params=SAMPLED)
+    constrained = served.generate(input_ids=[prompt] * max(samples // 8, 1), sampling_params=CONSTRAINED)
+    greedy = served.generate(
+        input_ids=[prompt],
+        sampling_params=dict(CONSTRAINED, temperature=0),
+        return_logprob=True,
+        top_logprobs_num=2,
+    )[0]
+    return {
+        "samples": [list(o["output_ids"]) for o in sampled],
+        "constrained": [o["text"] for o in constrained],
+        "greedy_constrained": Output.from_engine(greedy),
+        "accept_length_sampled": accept_length(sampled),
+    }
+
+
+def compare_samples(got: dict, plain: dict, dtype: str) -> dict:
+    """DFLASH's `sample` against the plain engine's: the chi-square p-value of the sampled
+    tokens at each position after the first (`sampled_ok` when every one is at least ALPHA),
+    the constrained texts that do not match GRAMMAR,
+    and whether the greedy constrained output is the plain engine's (a difference where the
+    plain engine's top two are a near-tie by the fixed rule is excused)."""
+    import re
+
+    from tests.stats import ALPHA, homogeneity_pvalue
+
+    positions = range(1, SAMPLED["max_new_tokens"])
+    pvalues = [
+        float(homogeneity_pvalue([o[k] for o in got["samples"]], [o[k] for o in plain["samples"]]))
+        for k in positions
+    ]
+    outside = [t for t in got["constrained"] + plain["constrained"] if not re.fullmatch(GRAMMAR, t)]
+    mine, theirs = got["greedy_constrained"], plain["greedy_constrained"]
+    k = first_difference(mine.ids, theirs.ids)
+    if k is None and len(mine.ids) == len(theirs.ids):
+        greedy = "identical"
+    else:
+        k = min(len(mine.ids), len(theirs.ids)) if k is None else k
+        tie = k < len(theirs.margins) and is_near_tie(theirs.margins[k], None, dtype)
+        greedy = "near-tie" if tie else f"differs at token {k}"
+    return {
+        "sampled_chi_square_p": [round(p, 4) for p in pvalues],  # at tokens 2, 3, ...
+        "sampled_ok": min(pvalues) >= ALPHA,
+        "constrained_outside_grammar": outside,
+        "greedy_constrained": greedy,
+        "accept_length_sampled": got["accept_length_sampled"],
+    }
+
+
+def samples_verdict(found: dict):
+    """The sampled round's part of the verdict: False, "near-ties only" or "identical"."""
+    if not found["sampled_ok"] or found["constrained_outside_grammar"]:
+        return False
+    greedy = found["greedy_constrained"]
+    return {"identical": "identical", "near-tie": "near-ties only"}.get(greedy, False)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target")
@@ -325,8 +399,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--engine-args", default="{}", help="JSON: more sgl.Engine arguments for both engines")
     p.add_argument("--dflash-args", default="{}", help="JSON: more sgl.Engine arguments for DFLASH's")
+    p.add_argument(
+        "--samples", type=int, default=0, help="then N sampled requests, and N/8 under a grammar, per engine"
+    )
     args = p.parse_args(argv)
     extra = json.loads(args.engine_args)
+    if args.samples:
+        extra["skip_tokenizer_init"] = False  # the grammar requests need the target's tokenizer
     if args.prompts_file:
         ids = text_prompts(args.prompts_file, args.target, args.prompts)
     else:
@@ -335,6 +414,7 @@ def main(argv=None) -> int:
     dtype = extra.get("dtype") or (CUDA_ARGS if args.device == "cuda" else CPU_ARGS)["dtype"]
     prompts = rounds(ids, args.prefix_round)
     results = {"target": args.target, "draft": args.draft, "dtype": dtype, "engine_args": extra, "runs": {}}
+    sampled = {}  # engine: `sample(...)`
 
     def save():  # after every engine: a run cut short still leaves what finished
         if args.out:
@@ -349,6 +429,8 @@ def main(argv=None) -> int:
             spec = dict(RUNS[name], **extra, **json.loads(args.dflash_args))
             with engine(args.target, args.draft, args.device, **spec) as (served, started):
                 outputs[run], stats = serve_prompts(served, prompts, args.new_tokens)
+                if args.samples:
+                    sampled[run] = sample(served, ids[0], args.samples)
                 proposals = served.get_server_info()["internal_states"][0].get("dflash_proposals")
         results["runs"][run] = {"startup_s": round(started, 1), "proposals": proposals}
         results["runs"][run].update({k: round(v, 2) for k, v in stats.items() if v is not None})
@@ -357,6 +439,8 @@ def main(argv=None) -> int:
     verdicts, scale = [], LogitScale(args.target)
     with engine(args.target, None, args.device, **extra) as (plain_engine, started):
         plain, _ = serve_prompts(plain_engine, prompts, args.new_tokens)
+        if args.samples:
+            sampled["plain"] = sample(plain_engine, ids[0], args.samples)
         results["runs"]["plain"] = {"startup_s": round(started, 1)}
 
         def continue_plain(prompt: list, prefix: list) -> Output:
@@ -380,6 +464,11 @@ def main(argv=None) -> int:
                 verdicts += [f["verdict"] for f in found]
                 results["runs"][run].update(summary(found, name))
                 print(f"{run}, {name}: {results['runs'][run][f'identical_at_{name}']} identical", flush=True)
+            if args.samples:
+                found = compare_samples(sampled[run], sampled["plain"], dtype)
+                verdicts.append(samples_verdict(found))
+                results["runs"][run]["sampled"] = found
+                print(f"{run}, sampled: {found}", flush=True)
     results["tie_rule"] = (
         f"{TIE_STEPS} {dtype} rounding steps at the logits' magnitude (transformers, float32, CPU)"
         if scale.why is None
