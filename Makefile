@@ -14,7 +14,7 @@ CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
 BUILD_CUDA ?=
 EXT_ENV = SGLANG_DFLASH_BUILD_CUDA=$(BUILD_CUDA) MAX_JOBS=2
 
-.PHONY: demo test install lint clean gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-matrix gpu-serve-check gpu-train
+.PHONY: demo test install lint clean triton-preflight gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-matrix gpu-serve-check gpu-train
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ lint: $(VENV)/.deps
 	$(VENV)/bin/ruff format --check sglang_dflash tests scripts setup.py
 
 test: BUILD_CUDA = 1
-test: install lint
+test: install lint $(TRITON36)/.installed
 	$(CPU_ENV) $(EXT_ENV) $(PY) -m pytest  # EXT_ENV: the tests check the extension was built
 
 # ---- GPU (docs/gpu.md). Built here, where pip works and nvcc is found (no GPU needed): ----
@@ -56,6 +56,17 @@ gpu-bundle: $(VENV)/.deps
 
 gpu-aot: $(VENV)/.deps
 	nice $(PY) scripts/gpu/aot.py
+
+# SGLang's Triton kernels that gpu-matrix runs, compiled for sm_90 by the GPU machine's Triton
+# (3.6.0, installed beside the venv's own), without a GPU; a kernel that fails is named.
+TRITON36 := $(VENV)/triton-3.6.0
+$(TRITON36)/.installed: $(VENV)/.deps
+	rm -rf $(TRITON36)
+	$(PIP) install -q --no-deps --target $(TRITON36) "triton==3.6.0"
+	touch $@
+
+triton-preflight: $(TRITON36)/.installed
+	PYTHONPATH=$(TRITON36) $(PY) -m scripts.gpu.triton_preflight
 
 # ---- On the GPU machine (Python, a CUDA PyTorch and nvcc; no SGLang, no package index): ----
 # The GPU numbers in one command of at most 9 minutes, in priority order: greedy lossless, the

@@ -389,15 +389,17 @@ def _gemma4_text(common: dict) -> dict:
     )
 
 
-def make_family_target(path: str, *, family: str, seed: int = 0, favour: float = 0.0) -> str:
+def make_family_target(
+    path: str, *, family: str, seed: int = 0, favour: float = 0.0, mla: Optional[dict] = None
+) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "qwen3_moe", "gemma4" (Gemma4ForCausalLM: three
     sliding-window layers of window 8, then a full one), "gpt_oss" (sliding and full layers
     alternating, window 8, attention sinks, MoE), "qwen3_vl" (the Qwen3-VL wrapper with a one-block
     vision tower, served here for text), "laguna" (sliding and full layers, attention gates,
     partial RoPE, MoE), and two MLA targets (`MLA_SHAPE`): "deepseek_v3" (no query LoRA, YaRN RoPE)
-    and "glm4_moe_lite" (GLM-4.7-Flash's class: query LoRA, plain RoPE). `favour` as in
-    `make_hybrid_target`."""
+    and "glm4_moe_lite" (GLM-4.7-Flash's class: query LoRA, plain RoPE), whose MLA_SHAPE entries
+    `mla` replaces. `favour` as in `make_hybrid_target`."""
     import transformers
 
     torch.manual_seed(seed)
@@ -532,7 +534,9 @@ def make_family_target(path: str, *, family: str, seed: int = 0, favour: float =
         )
         model = transformers.LagunaForCausalLM(config)
     elif family in ("deepseek_v3", "glm4_moe_lite"):
-        mla = dict(common, num_key_value_heads=TEXT_SHAPE_A["num_attention_heads"], **MLA_SHAPE)
+        mla = dict(
+            common, num_key_value_heads=TEXT_SHAPE_A["num_attention_heads"], **dict(MLA_SHAPE, **(mla or {}))
+        )
         del mla["head_dim"]  # MLA's head dims are the ranks above
         if family == "deepseek_v3":  # no query LoRA, YaRN RoPE stretched past the prompts
             yarn = dict(YARN, factor=4.0, original_max_position_embeddings=32)

@@ -67,12 +67,19 @@ class Family:
     draft: str = DRAFT  # draft "a", or a variant built from it (`draft_variant`)
     dflash_args: dict = field(default_factory=dict)  # the DFLASH engine's only
     sampled: bool = False  # `run --samples` adds lossless.py's sampled and grammar requests
+    mla: Optional[dict] = None  # the MLA targets' ranks, over tests/tiny_models.py's MLA_SHAPE
 
     def engine_args(self, device: str) -> dict:
         return dict(self.cuda_args if device == "cuda" else self.cpu_args)
 
 
 TRITON = {"attention_backend": "triton"}
+# The MLA targets' latent as published (DeepSeek-V3, Kimi-K2.5, GLM-4.7-Flash): a KV LoRA of 512
+# and RoPE of 64, 576 a token. SGLang's Triton MLA decode takes a value that is the key's own
+# first columns (`tl.trans(k)`), so its key block must equal its value block: 576 is special-cased
+# (512 + 64); MLA_SHAPE's 32 + 16 (blocks of 64 and 32) does not compile
+# (scripts/gpu/triton_preflight.py found it).
+MLA_AS_PUBLISHED = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
 # On CPU, SGLang's own choice for the sliding-window pool (torch_native without AMX), as
 # tests/test_target_classes.py serves them.
 CPU_SWA = {"attention_backend": None}
@@ -82,7 +89,16 @@ FAMILIES = (
     Family("gemma4", "family", "gemma4", 0, 6.0, TRITON, "sliding-window layers, then a full one", CPU_SWA),
     Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE"),
     Family("qwen3_5", "hybrid", "qwen3_5", 0, 10.0, TRITON, "Gated DeltaNet layers, then full attention"),
-    Family("deepseek_v3", "family", "deepseek_v3", 0, 5.0, TRITON, "MLA, dense then MoE, YaRN"),
+    Family(
+        "deepseek_v3",
+        "family",
+        "deepseek_v3",
+        0,
+        5.0,
+        TRITON,
+        "MLA, dense then MoE, YaRN",
+        mla=MLA_AS_PUBLISHED,
+    ),
     Family(
         "llama_fp32",
         "family",
@@ -96,7 +112,16 @@ FAMILIES = (
     # As time allows.
     Family("qwen3_next", "hybrid", "qwen3_next", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
     Family("qwen3_5_moe", "hybrid", "qwen3_5_moe", 0, 6.0, TRITON, "Gated DeltaNet, MoE"),
-    Family("glm4_moe_lite", "family", "glm4_moe_lite", 0, 5.0, TRITON, "MLA with query LoRA, MoE"),
+    Family(
+        "glm4_moe_lite",
+        "family",
+        "glm4_moe_lite",
+        0,
+        5.0,
+        TRITON,
+        "MLA with query LoRA, MoE",
+        mla=MLA_AS_PUBLISHED,
+    ),
 )
 # The draft families, on the dense target, after the target families (the issue's second list).
 DENSE = dict(builder="family", cls="llama", seed=3, favour=6.0, cuda_args=TRITON, sampled=True)
@@ -175,9 +200,11 @@ def build(out: str, family: Family) -> tuple[str, str]:
     Returns (target, draft)."""
     from tests.tiny_models import make_draft
 
-    target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}")
+    latent = f"-lora{family.mla['kv_lora_rank']}" if family.mla else ""
+    target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}{latent}")
     draft = os.path.join(out, f"draft-{family.draft}")
     make_target = builders()[family.builder]
+    shape = {"mla": family.mla} if family.mla else {}
 
     def make_draft_variant(p):
         make_draft(p, **draft_spec())
@@ -185,7 +212,10 @@ def build(out: str, family: Family) -> tuple[str, str]:
 
     for path, make in (
         (draft, make_draft_variant),
-        (target, lambda p: make_target(p, family=family.cls, seed=family.seed, favour=family.favour)),
+        (
+            target,
+            lambda p: make_target(p, family=family.cls, seed=family.seed, favour=family.favour, **shape),
+        ),
     ):
         if not os.path.isdir(path):
             partial = path + ".partial"
