@@ -89,12 +89,14 @@ FAMILIES = (
     Family("gemma4", "family", "gemma4", 0, 6.0, TRITON, "sliding-window layers, then a full one", CPU_SWA),
     Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE"),
     Family("qwen3_5", "hybrid", "qwen3_5", 0, 10.0, TRITON, "Gated DeltaNet layers, then full attention"),
+    # At the published latent, seed 0's greedy choices are another token whatever the favour;
+    # seed 3's are the favoured one 72% of the time at a favour of 3.
     Family(
         "deepseek_v3",
         "family",
         "deepseek_v3",
-        0,
-        5.0,
+        3,
+        3.0,
         TRITON,
         "MLA, dense then MoE, YaRN",
         mla=MLA_AS_PUBLISHED,
