@@ -6,6 +6,8 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
+# The GPU machine's Triton, for `make triton-preflight`.
+TRITON36 := $(VENV)/triton-3.6.0
 
 # SGLang's CPU engine, with one intra-op thread per process (see docs/serving.md, "CPU").
 CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1
@@ -58,8 +60,8 @@ gpu-aot: $(VENV)/.deps
 	nice $(PY) scripts/gpu/aot.py
 
 # SGLang's Triton kernels that gpu-matrix runs, compiled for sm_90 by the GPU machine's Triton
-# (3.6.0, installed beside the venv's own), without a GPU; a kernel that fails is named.
-TRITON36 := $(VENV)/triton-3.6.0
+# (3.6.0, installed beside the venv's own, TRITON36 above), without a GPU; a kernel that fails
+# is named.
 $(TRITON36)/.installed: $(VENV)/.deps
 	rm -rf $(TRITON36)
 	$(PIP) install -q --no-deps --target $(TRITON36) "triton==3.6.0"
