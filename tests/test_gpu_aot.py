@@ -63,6 +63,29 @@ def test_a_sliding_window_draft_asks_for_its_own_attention_module():
     assert sliding in uris
 
 
+def test_the_matrix_asks_for_no_attention_module_and_nothing_the_kit_does_not_carry():
+    """make gpu-matrix's families run on Triton attention and their drafts on SDPA (draft "a"'s
+    head_dim 16, or float32, or MiMo's sinks): only the norm, RoPE, SiLU-and-mul and sampling
+    modules, all carried. The requested() test above holds them too."""
+    modules = gpu_aot.matrix_modules()
+    assert set(modules) == {"norm", "rope", "silu_and_mul", "sampling"}, set(modules)
+    # In float32 the stand-in's norms and SiLU-and-mul are PyTorch's, and the draft takes none.
+    fp32 = {uri for uri, whys in modules.items() if any(w.startswith("matrix llama_fp32") for w in whys)}
+    assert fp32 == {"sampling"}
+    assert len(modules["sampling"]) == 5  # the draft families and llama_fp32
+
+
+def test_a_draft_flashinfer_serves_asks_for_its_attention_module_and_one_it_refuses_does_not():
+    from scripts.gpu.serve import models
+
+    draft = models.qwen3_8b_dflash()  # head_dim 128: FlashInfer serves its attention in bf16
+    prefill = gpu_aot.prefill_spec(gpu_aot.Attention("bfloat16", 128)).name
+    assert prefill in gpu_aot.draft_modules(draft, "bfloat16")
+    assert gpu_aot.draft_modules(draft, "float32") == {}  # refused: SDPA, and no fused kernels
+    sinks = dict(draft, dflash_config=dict(draft.get("dflash_config", {}), attention_sink_bias=True))
+    assert prefill not in gpu_aot.draft_modules(sinks, "bfloat16")
+
+
 def built_manifest() -> dict:
     if not (AOT / "manifest.json").is_file():
         pytest.skip("no AOT archive built here (make gpu-aot: 20-30 CPU-minutes)")

@@ -123,18 +123,61 @@ def builtin_dflash_modules() -> dict:
 
 
 def draft_modules(draft_config: dict, dtype: str) -> dict:
-    """{uri: why} for our draft step on CUDA: FlashInfer attention per layer kind, and the fused
-    layers' norm, RoPE and SiLU-and-mul (sglang_dflash/draft/fused_forward.py)."""
+    """{uri: why} for our draft step on CUDA: FlashInfer attention per layer kind where FlashInfer
+    serves the draft's attention (`flashinfer_attention.unavailable_reason`: else SDPA, no
+    module), and the fused layers' norm, RoPE and SiLU-and-mul where their dtype is one
+    FlashInfer's kernels take (sglang_dflash/draft/fused_forward.py)."""
+    import torch
+
     from sglang_dflash.checkpoint.config import DFlashDraftConfig
-    from sglang_dflash.draft.flashinfer_attention import layer_kind
+    from sglang_dflash.draft import fused_forward
+    from sglang_dflash.draft.flashinfer_attention import layer_kind, unavailable_reason
 
     config = DFlashDraftConfig.from_dict(draft_config)
     out = {}
-    for i in range(config.num_hidden_layers):
-        kind = layer_kind(config, i)
-        att = Attention(dtype, config.head_dim, sliding=kind.window_left >= 0)
-        out[prefill_spec(att).name] = "draft attention (fa2 batch prefill, paged)"
-    out.update(norm="fused draft rmsnorm", rope="fused draft RoPE", silu_and_mul="fused draft SiLU-and-mul")
+    if unavailable_reason(config, torch.device("cuda"), getattr(torch, dtype)) is None:
+        for i in range(config.num_hidden_layers):
+            kind = layer_kind(config, i)
+            att = Attention(dtype, config.head_dim, sliding=kind.window_left >= 0)
+            out[prefill_spec(att).name] = "draft attention (fa2 batch prefill, paged)"
+    if getattr(torch, dtype) in fused_forward.FUSED_DTYPES:
+        out.update(
+            norm="fused draft rmsnorm", rope="fused draft RoPE", silu_and_mul="fused draft SiLU-and-mul"
+        )
+    return out
+
+
+def matrix_modules() -> dict:
+    """{uri: why} for `make gpu-matrix`'s families (scripts/gpu/serve/families.py): their targets
+    run on SGLang's Triton attention backend (no FlashInfer attention module: its kernels are
+    Triton's, scripts/gpu/triton_preflight.py), their norms and SiLU-and-mul through the kit's
+    sgl_kernel stand-in (FlashInfer's in bf16, PyTorch's in float32), the sampled requests
+    through SGLang's sampler (FlashInfer's sampling), and each family's draft as `draft_modules`
+    asks (draft "a" or its variant, built in a scratch folder)."""
+    import tempfile
+
+    from scripts.gpu.serve import families
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for family in families.select(""):
+            args = family.engine_args("cuda")
+            if args.get("attention_backend") != "triton":
+                raise ValueError(f"{family.name}: this accounting assumes SGLang's Triton attention backend")
+            dtype = args.get("dtype", "bfloat16")
+            target = {}
+            if dtype in ("bfloat16", "float16"):  # the stand-in takes float32 in PyTorch
+                target.update(norm="stand-in rmsnorm", silu_and_mul="stand-in silu_and_mul")
+            if family.sampled:
+                target["sampling"] = "sampled requests (SGLang's sampler)"
+            draft = os.path.join(scratch, family.draft)
+            if not os.path.isdir(draft):
+                families.build_draft(draft, family.draft)
+            with open(os.path.join(draft, "config.json")) as f:
+                draft_config = json.load(f)
+            for who, modules in (("target", target), ("draft", draft_modules(draft_config, dtype))):
+                for uri, why in modules.items():
+                    out.setdefault(uri, []).append(f"matrix {family.name} {who}: {why}")
     return out
 
 
@@ -153,8 +196,12 @@ def kit_models() -> dict:
 
 def requested(pairs: dict | None = None, dtype: str = "bfloat16") -> dict:
     """{uri: [who asks for it]} of every FlashInfer module the GPU run loads (the race serves
-    the Qwen3-8B pair with ours and with SGLang's built-in DFLASH)."""
+    the Qwen3-8B pair with ours and with SGLang's built-in DFLASH; `make gpu-matrix` its
+    families, `matrix_modules`, unless `pairs` are given)."""
     out: dict = {uri: [why] for uri, why in builtin_dflash_modules().items()}
+    if pairs is None:
+        for uri, whys in matrix_modules().items():
+            out.setdefault(uri, []).extend(whys)
     for name, (target, draft) in (pairs if pairs is not None else kit_models()).items():
         for who, modules in (
             (f"{name} target", target_modules(target, dtype)),

@@ -18,6 +18,8 @@ a matrix family's shapes and dtypes, with Triton made compile-only:
   tensor lives), so the outputs stay unwritten;
 * an autotuned kernel compiles its first config (`--all-configs`: every config, as the GPU
   machine's first use benchmarks them all);
+* a constexpr that a wrapper derives from where its tensors live takes the value CUDA tensors
+  give (`CUDA_CONSTEXPRS`);
 * torch.cuda answers as an H200 would (capability 9.0, 132 SMs) for the wrappers' and the
   kernel modules' own queries, set before SGLang is imported.
 
@@ -58,6 +60,12 @@ H200 = dict(
     max_threads_per_multi_processor=2048,
     gcnArchName="",
 )
+
+
+# Constexprs a wrapper derives from where its tensors live: set to what CUDA tensors give, so the
+# variant compiled is the GPU's. E.g., the verify's sigmoid-gated update splits its grid by
+# request and value head only for CUDA tensors (`split_n_hv_grid = q.device.type == "cuda"`).
+CUDA_CONSTEXPRS = {"fused_sigmoid_gating_delta_rule_update_kernel": {"SPLIT_N_HV_GRID": True}}
 
 
 class CompileError(Exception):
@@ -161,6 +169,7 @@ def compile_only(all_configs: bool, version: str = TRITON_VERSION) -> Compiled:
     compiled, launch = Compiled(), jit.JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
+        kwargs.update(CUDA_CONSTEXPRS.get(self.fn.__name__, {}))
         try:
             kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
         except Exception as error:
@@ -596,6 +605,20 @@ def gated_deltanet() -> None:
         cache_steps=block,
         retrieve_parent_token=None,
     )
+
+
+@case("grammar-mask")
+def grammar_mask() -> None:
+    """A grammar's token bitmask applied to the logits on CUDA (SGLang's xgrammar backend takes
+    its Triton kernel there), over the tiny vocabulary and a real one, in both dtypes."""
+    import torch
+    from sglang.kernels.ops.grammar.bitmask_ops import apply_token_bitmask_inplace_triton
+
+    for vocab in (384, 151936):
+        for dtype in dtypes():
+            logits = torch.randn(3, vocab, dtype=dtype)
+            bitmask = torch.zeros(3, (vocab + 31) // 32, dtype=torch.int32)
+            apply_token_bitmask_inplace_triton(logits, bitmask)
 
 
 @case("gemma-norms")

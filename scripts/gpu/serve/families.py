@@ -196,24 +196,26 @@ def add_sinks(path: str, seed: int = 1) -> None:
     save_file(tensors, file)
 
 
+def build_draft(path: str, variant: str) -> None:
+    """Draft "a" at `path`, made a draft of family `variant`."""
+    from tests.tiny_models import make_draft
+
+    make_draft(path, **draft_spec())
+    draft_variant(path, variant)
+
+
 def build(out: str, family: Family) -> tuple[str, str]:
     """The family's target and draft under OUT, each built once (targets shared by their class,
     seed and favour), beside and renamed, so a cut build never leaves half a model.
     Returns (target, draft)."""
-    from tests.tiny_models import make_draft
-
     latent = f"-lora{family.mla['kv_lora_rank']}" if family.mla else ""
     target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}{latent}")
     draft = os.path.join(out, f"draft-{family.draft}")
     make_target = builders()[family.builder]
     shape = {"mla": family.mla} if family.mla else {}
 
-    def make_draft_variant(p):
-        make_draft(p, **draft_spec())
-        draft_variant(p, family.draft)
-
     for path, make in (
-        (draft, make_draft_variant),
+        (draft, lambda p: build_draft(p, family.draft)),
         (
             target,
             lambda p: make_target(p, family=family.cls, seed=family.seed, favour=family.favour, **shape),
