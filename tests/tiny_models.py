@@ -390,7 +390,13 @@ def _gemma4_text(common: dict) -> dict:
 
 
 def make_family_target(
-    path: str, *, family: str, seed: int = 0, favour: float = 0.0, mla: Optional[dict] = None
+    path: str,
+    *,
+    family: str,
+    seed: int = 0,
+    favour: float = 0.0,
+    mla: Optional[dict] = None,
+    head_dim: Optional[int] = None,
 ) -> str:
     """A tiny target of another family, shaped like target "a" (hidden 64, 4 layers, vocab 384) so
     that it pairs with draft "a": "llama", "qwen3_moe", "gemma4" (Gemma4ForCausalLM: three
@@ -399,11 +405,14 @@ def make_family_target(
     vision tower, served here for text), "laguna" (sliding and full layers, attention gates,
     partial RoPE, MoE), and two MLA targets (`MLA_SHAPE`): "deepseek_v3" (no query LoRA, YaRN RoPE)
     and "glm4_moe_lite" (GLM-4.7-Flash's class: query LoRA, plain RoPE), whose MLA_SHAPE entries
-    `mla` replaces. `favour` as in `make_hybrid_target`."""
+    `mla` replaces; `head_dim` replaces target "a"'s 16 for the families that take one. `favour`
+    as in `make_hybrid_target`."""
     import transformers
 
     torch.manual_seed(seed)
     common = dict(TEXT_SHAPE_A, intermediate_size=128, pad_token_id=EOS_ID)
+    if head_dim is not None:
+        common["head_dim"] = head_dim
     extra: dict = {}  # config.json fields SGLang reads that transformers' config does not write
     if family in ("llama", "nanbeige", "teleflm"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))

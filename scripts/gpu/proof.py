@@ -615,7 +615,8 @@ def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
             SGLANG_DFLASH_CUDA_ARCHS=os.environ.get("SGLANG_DFLASH_CUDA_ARCHS", "90"),
         )
         proof.start_background("build _C", [py, "setup.py", "-q", "build_ext", "--inplace"], env=build)
-        proof.start_background("SGLang JIT warm-up", [py, "-m", "scripts.gpu.serve.warm_jit"])
+        warm = ["--matrix"] if "matrix" in steps else []  # and the matrix families' modules
+        proof.start_background("SGLang JIT warm-up", [py, "-m", "scripts.gpu.serve.warm_jit", *warm])
         if "bench-draft-step" in steps:
             cmd = [py, "scripts/bench/draft_step.py", "--repeats", "3", "--iters", "10"]
             cmd += ["--json", os.path.join(proof.results, "bench-draft-step.json")]

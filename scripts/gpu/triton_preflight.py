@@ -41,7 +41,7 @@ from typing import Callable
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, REPO)
-from scripts.gpu.serve.families import MLA_AS_PUBLISHED  # noqa: E402
+from scripts.gpu.serve.families import BY_NAME, MLA_AS_PUBLISHED  # noqa: E402
 
 TRITON_VERSION = "3.6.0"  # the GPU machine's (docs/gpu.md, "The machine")
 TARGET = ("cuda", 90, 32)  # backend, compute capability, warp size: H100 and H200
@@ -194,14 +194,15 @@ def compile_only(all_configs: bool, version: str = TRITON_VERSION) -> Compiled:
 
 # ---- the cases: SGLang's wrappers at the matrix families' shapes ---------------------------------
 # The families' targets (scripts/gpu/serve/families.py, shaped like tests/tiny_models.py's target
-# "a"): hidden 64, 4 query / 2 KV heads of 16, windows of 8 (SGLang passes 7), MLA with the
-# published latent (families.MLA_AS_PUBLISHED) and nope 32; 4 experts, top 2, experts' width 32,
-# DeepSeek's routed scaling 2.5; Gated DeltaNet with 2 key / 4 value heads of 16 and a convolution of 4. Index
-# dtypes and argument values are those SGLang's Triton backend passes (triton_backend.py,
-# gdn_backend.py, the MoE runner).
+# "a"): hidden 64, 4 query / 2 KV heads of 16 (Qwen3-MoE's of 64), windows of 8 (SGLang passes
+# 7), MLA with the published latent (families.MLA_AS_PUBLISHED) and nope 32; 4 experts, top 2,
+# experts' width 32, DeepSeek's routed scaling 2.5; Gated DeltaNet with 2 key / 4 value heads of
+# 16 and a convolution of 4. Index dtypes and argument values are those SGLang's Triton backend
+# passes (triton_backend.py, gdn_backend.py, the MoE runner).
 
 CASES: dict[str, Callable] = {}
 HQ, HKV, D, WINDOW = 4, 2, 16, 7
+QWEN3_MOE_D = BY_NAME["qwen3_moe"].head_dim  # 64: see families.py
 MLA_LORA, MLA_ROPE = MLA_AS_PUBLISHED["kv_lora_rank"], MLA_AS_PUBLISHED["qk_rope_head_dim"]
 MLA_NOPE = 32  # tests/tiny_models.py's MLA_SHAPE
 EXPERTS, TOPK, HIDDEN, EXPERT_WIDTH = 4, 2, 64, 32
@@ -279,9 +280,11 @@ def attention_extend() -> None:
         )
 
     for dtype in dtypes():
-        call(dtype)  # Llama, Qwen3(-MoE), the hybrids' full layers
+        call(dtype)  # Llama, the hybrids' full layers
         call(dtype, mask=True)  # their target verify
     bf16 = torch.bfloat16
+    call(bf16, dqk=QWEN3_MOE_D, dv=QWEN3_MOE_D)  # Qwen3-MoE
+    call(bf16, dqk=QWEN3_MOE_D, dv=QWEN3_MOE_D, mask=True)
     call(bf16, window=WINDOW, sinks=True)  # gpt-oss: window layers, with sinks
     call(bf16, sinks=True)  # and its full layers
     call(bf16, window=WINDOW, sinks=True, mask=True)
@@ -362,6 +365,7 @@ def attention_decode() -> None:
 
     for dtype in dtypes():
         call(dtype)
+    call(torch.bfloat16, dk=QWEN3_MOE_D, dv=QWEN3_MOE_D)
     call(torch.bfloat16, sinks=True)
     call(
         torch.bfloat16,

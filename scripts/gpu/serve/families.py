@@ -68,6 +68,7 @@ class Family:
     dflash_args: dict = field(default_factory=dict)  # the DFLASH engine's only
     sampled: bool = False  # `run --samples` adds lossless.py's sampled and grammar requests
     mla: Optional[dict] = None  # the MLA targets' ranks, over tests/tiny_models.py's MLA_SHAPE
+    head_dim: Optional[int] = None  # over target "a"'s 16
 
     def engine_args(self, device: str) -> dict:
         return dict(self.cuda_args if device == "cuda" else self.cpu_args)
@@ -87,7 +88,9 @@ CPU_SWA = {"attention_backend": None}
 FAMILIES = (
     Family("gpt_oss", "family", "gpt_oss", 0, 3.0, TRITON, "sinks, sliding and full layers, MoE", CPU_SWA),
     Family("gemma4", "family", "gemma4", 0, 6.0, TRITON, "sliding-window layers, then a full one", CPU_SWA),
-    Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE"),
+    # Head size 64: at 16, SGLang's RoPE takes its fallback kernel, which refuses the KV write
+    # Qwen3-MoE fuses into it on CUDA (rotary_embedding/base.py); published ones have 128.
+    Family("qwen3_moe", "family", "qwen3_moe", 3, 12.0, TRITON, "MoE", head_dim=64),
     Family("qwen3_5", "hybrid", "qwen3_5", 0, 10.0, TRITON, "Gated DeltaNet layers, then full attention"),
     # At the published latent, seed 0's greedy choices are another token whatever the favour;
     # seed 3's are the favoured one 72% of the time at a favour of 3.
@@ -208,11 +211,14 @@ def build(out: str, family: Family) -> tuple[str, str]:
     """The family's target and draft under OUT, each built once (targets shared by their class,
     seed and favour), beside and renamed, so a cut build never leaves half a model.
     Returns (target, draft)."""
-    latent = f"-lora{family.mla['kv_lora_rank']}" if family.mla else ""
-    target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}{latent}")
+    shape = {"mla": family.mla} if family.mla else {}
+    shape.update({"head_dim": family.head_dim} if family.head_dim else {})
+    tag = (f"-lora{family.mla['kv_lora_rank']}" if family.mla else "") + (
+        f"-hd{family.head_dim}" if family.head_dim else ""
+    )
+    target = os.path.join(out, f"target-{family.cls}-s{family.seed}-f{family.favour:g}{tag}")
     draft = os.path.join(out, f"draft-{family.draft}")
     make_target = builders()[family.builder]
-    shape = {"mla": family.mla} if family.mla else {}
 
     for path, make in (
         (draft, lambda p: build_draft(p, family.draft)),

@@ -1,6 +1,6 @@
 """Compile SGLang's own JIT kernels before the engines start, one process each, in parallel.
 
-    python -m scripts.gpu.serve.warm_jit [NAME ...]        # on the GPU machine, the kit's environment
+    python -m scripts.gpu.serve.warm_jit [NAME ... | --matrix]   # on the GPU machine, the kit's environment
 
 SGLang 0.5.23 compiles a few tvm-ffi kernels with nvcc at their first call in each process, one
 after another inside the engine's start-up. Their cache key hashes the torch version and the
@@ -19,6 +19,15 @@ The kernels, and who calls them on the kit's path (dense Qwen3, bf16, head_dim 1
   clamp_position  decode and verify positions (kernels/ops/attention/clamp_position.py)
   speculative_sampling  SGLang's built-in DFLASH warms its sampled verify at start-up
                   (speculative/dflash_worker_v2.py prewarm_sampling), vocab 151,936 -> vec 4
+
+And `make gpu-matrix`'s families (scripts/gpu/serve/families.py; Triton attention, MoE and
+Gated DeltaNet kernels are Triton's, not JIT), `matrix_*`:
+  matrix_rotary   RoPE at head_dim 16, where SGLang takes its fallback kernel (one module for
+                  every width and dtype; rotary_embedding/base.py)
+  matrix_rope     Qwen3-MoE's head_dim 64 (neox), and the MLA targets' RoPE (64, interleaved)
+  matrix_qknorm   Qwen3-MoE's q/k norm at head_dim 64
+  matrix_kvcache  2 KV heads of 16 (bf16, float32) and of 64 (Qwen3-MoE)
+  matrix_activation  SiLU-and-mul in float32 (llama_fp32)
 """
 
 from __future__ import annotations
@@ -57,6 +66,28 @@ def build(name: str) -> None:
         from sglang.kernels.ops.attention.clamp_position import _jit_clamp_position_module
 
         _jit_clamp_position_module(torch.int64)
+    elif name == "matrix_rotary":
+        from sglang.kernels.ops.attention.rope import _jit_rotary_embedding_module
+
+        _jit_rotary_embedding_module()
+    elif name == "matrix_rope":
+        from sglang.kernels.ops.attention.rope import _jit_fused_rope_module
+
+        _jit_fused_rope_module(True, 64, bf16, bf16)  # Qwen3-MoE: neox, head_dim 64
+        _jit_fused_rope_module(False, 64, bf16, bf16)  # MLA: interleaved, RoPE 64
+    elif name == "matrix_qknorm":
+        from sglang.kernels.ops.layernorm.norm import _jit_qknorm_module
+
+        _jit_qknorm_module(64, bf16)
+    elif name == "matrix_kvcache":
+        from sglang.kernels.ops.kvcache.kvcache import _jit_kvcache_module
+
+        for row in (2 * 16 * 2, 2 * 16 * 4, 2 * 64 * 2):  # bf16 and float32 at 16, bf16 at 64
+            _jit_kvcache_module(row, row, 0)
+    elif name == "matrix_activation":
+        from sglang.kernels.ops.activation.activation import activation_module
+
+        activation_module(torch.float32)
     elif name == "speculative_sampling":
         from sglang.kernels.ops.speculative.sampling import _jit_sampling_module
 
@@ -66,9 +97,12 @@ def build(name: str) -> None:
 
 
 KERNELS = ("qknorm", "fused_rope", "kvcache", "activation", "clamp_position", "speculative_sampling")
+MATRIX_KERNELS = ("matrix_rotary", "matrix_rope", "matrix_qknorm", "matrix_kvcache", "matrix_activation")
 
 
 def main(names: list[str]) -> int:
+    if names[:1] == ["--matrix"]:  # the kit's and the matrix's
+        names = list(KERNELS + MATRIX_KERNELS)
     if names[:1] == ["--one"]:
         build(names[1])
         return 0
