@@ -99,6 +99,15 @@ def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> 
     )
 
 
+class _StepReadsHostLengths:
+    """The decode step among the scheduler's attention backends: it needs host lengths."""
+
+    needs_cpu_seq_lens = True
+
+
+STEP_READS_HOST_LENGTHS = _StepReadsHostLengths()
+
+
 def _offloads_draft_kv() -> bool:
     """Whether cached slots are backed up to host memory (HiCache, or a PD decode engine's
     retraction backup), and with them the draft's K/V."""
@@ -186,6 +195,14 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def model_runner(self):
         return self.target_worker.model_runner
+
+    @property
+    def spec_v2_attn_backends(self) -> tuple:
+        """What the scheduler ORs `needs_cpu_seq_lens` over (`decide_needs_cpu_seq_lens`): the
+        target's attention backend and this step, which reads the host lengths every decode
+        step (the draft attention's planning, `planning_lens`; the width policy's context).
+        SGLang's Triton backend says it needs none, and overlap scheduling then drops them."""
+        return (self.target_worker.model_runner.attn_backend, STEP_READS_HOST_LENGTHS)
 
     @property
     def width_policy(self):

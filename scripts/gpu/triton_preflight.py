@@ -227,7 +227,8 @@ def dtypes() -> list:
 @case("attention-extend")
 def attention_extend() -> None:
     """Prefill and target verify on the Triton backend (extend_attention_fwd): GQA, gpt-oss's
-    sinks and windows, Gemma-4's windows, a verify's custom mask, and both MLA forms."""
+    sinks and windows, Gemma-4's windows, both MLA forms; each verify as DFLASH passes it,
+    eager and in its CUDA graph, and with EAGLE's custom mask."""
     import torch
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
@@ -236,7 +237,11 @@ def attention_extend() -> None:
     kv_indptr = torch.tensor([0, 5, 5], dtype=torch.int32)
     kv_indices = torch.arange(1, 6, dtype=torch.int64)
 
-    def call(dtype, hq=HQ, hkv=HKV, dqk=D, dv=D, window=-1, sinks=False, mask=False, buffers=None):
+    def call(dtype, hq=HQ, hkv=HKV, dqk=D, dv=D, window=-1, sinks=False, verify=None, buffers=None):
+        """`verify`: None (prefill: qo_indptr int64, no mask), or a target verify as SGLang's
+        Triton backend passes it: "mask" (a custom mask, EAGLE's), "eager" (DFLASH's: no mask,
+        qo_indptr int32, window offsets int64) or "graph" (its CUDA graph's buffers: qo_indptr
+        int64, window offsets int32); a verify always has a mask_indptr."""
         q = torch.randn(10, hq, dqk, dtype=dtype)
         k, v = torch.randn(10, hkv, dqk, dtype=dtype), torch.randn(10, hkv, dv, dtype=dtype)
         o = torch.empty(10, hq, dv, dtype=dtype)
@@ -246,12 +251,14 @@ def attention_extend() -> None:
         )
         extra = {}
         if window > 0:  # a window layer's rail starts at prefix - min(prefix, window)
-            extra["window_kv_offsets"] = torch.zeros(2, dtype=torch.int64 if mask else torch.int32)
+            wide = verify in ("mask", "eager")
+            extra["window_kv_offsets"] = torch.zeros(2, dtype=torch.int64 if wide else torch.int32)
         custom_mask, mask_indptr, indptr = None, None, qo
-        if mask:  # target verify: qo as int32, a full bool mask over prefix + block per request
-            indptr = qo.to(torch.int32)
+        if verify is not None:
+            indptr = qo if verify == "graph" else qo.to(torch.int32)
             sizes = torch.tensor([e * (p + e) for e, p in zip(lens, prefix)])
             mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
+        if verify == "mask":  # a full bool mask over prefix + block per request
             custom_mask = torch.ones(int(mask_indptr[-1]), dtype=torch.bool)
         extend_attention_fwd(
             q,
@@ -279,22 +286,20 @@ def attention_extend() -> None:
             **extra,
         )
 
-    for dtype in dtypes():
-        call(dtype)  # Llama, the hybrids' full layers
-        call(dtype, mask=True)  # their target verify
+    def prefill_and_verify(dtype, **shape):
+        for verify in (None, "mask", "eager", "graph"):
+            call(dtype, verify=verify, **shape)
+
     bf16 = torch.bfloat16
-    call(bf16, dqk=QWEN3_MOE_D, dv=QWEN3_MOE_D)  # Qwen3-MoE
-    call(bf16, dqk=QWEN3_MOE_D, dv=QWEN3_MOE_D, mask=True)
-    call(bf16, window=WINDOW, sinks=True)  # gpt-oss: window layers, with sinks
-    call(bf16, sinks=True)  # and its full layers
-    call(bf16, window=WINDOW, sinks=True, mask=True)
-    call(bf16, sinks=True, mask=True)
-    call(bf16, window=WINDOW)  # Gemma-4's window layers
-    call(bf16, window=WINDOW, mask=True)
+    for dtype in dtypes():
+        prefill_and_verify(dtype)  # Llama, the hybrids' full layers
+    prefill_and_verify(bf16, dqk=QWEN3_MOE_D, dv=QWEN3_MOE_D)  # Qwen3-MoE
+    prefill_and_verify(bf16, window=WINDOW, sinks=True)  # gpt-oss: window layers, with sinks
+    prefill_and_verify(bf16, sinks=True)  # and its full layers
+    prefill_and_verify(bf16, window=WINDOW)  # Gemma-4's window layers
     mla = mla_latent(bf16)
     call(bf16, hkv=HQ, dqk=MLA_NOPE + MLA_ROPE, dv=MLA_NOPE, buffers=mla)  # MLA's fresh prefill, as MHA
-    call(bf16, hkv=1, dqk=MLA_LORA + MLA_ROPE, dv=MLA_LORA, buffers=mla)  # absorbed (a prefix, a verify)
-    call(bf16, hkv=1, dqk=MLA_LORA + MLA_ROPE, dv=MLA_LORA, buffers=mla, mask=True)
+    prefill_and_verify(bf16, hkv=1, dqk=MLA_LORA + MLA_ROPE, dv=MLA_LORA, buffers=mla)  # absorbed
 
 
 def mla_latent(dtype) -> tuple:

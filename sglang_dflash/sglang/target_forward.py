@@ -44,9 +44,11 @@ def decode_forward(target_worker, batch, bonus: torch.Tensor, slots: torch.Tenso
     """W = 1: the target's ordinary DECODE forward over each request's bonus token [bs, 1],
     written to `slots` [bs, 1], keeping the captured layers for the draft's injection."""
     seq_lens, seq_lens_cpu, seq_lens_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
-    forward_mode = batch.forward_mode
-    # A decode forward's lengths include its input token.
-    batch.forward_mode = ForwardMode.DECODE
+    forward_mode, spec_info = batch.forward_mode, batch.spec_info
+    # A decode forward's lengths include its input token. It is a plain decode: no speculative
+    # input (the draft's would reach the attention backend's planning, which on SGLang's Triton
+    # backend reads a `kv_indptr` from any spec_info it is given).
+    batch.forward_mode, batch.spec_info = ForwardMode.DECODE, None
     batch.input_ids = bonus.view(-1)
     batch.out_cache_loc = slots.view(-1)
     batch.seq_lens = seq_lens + 1
@@ -58,5 +60,5 @@ def decode_forward(target_worker, batch, bonus: torch.Tensor, slots: torch.Tenso
             batch, capture_hidden_mode=CaptureHiddenMode.FULL, is_verify=True
         )
     finally:
-        batch.forward_mode, batch.seq_lens = forward_mode, seq_lens
+        batch.forward_mode, batch.seq_lens, batch.spec_info = forward_mode, seq_lens, spec_info
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
