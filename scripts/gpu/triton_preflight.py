@@ -388,7 +388,6 @@ def fused_moe() -> None:
     _fused_moe_kernel_sequence does), its softmax top-k gate and its top-k sum (DeepSeek's routed
     scaling of 2.5 takes it at 32 tokens or fewer)."""
     import torch
-    import triton
     import triton.language as tl
     from sglang.kernels.ops.moe import fused_moe_triton_kernels as kernels
     from sglang.kernels.ops.moe.moe_fused_gate import moe_fused_gate
@@ -398,9 +397,10 @@ def fused_moe() -> None:
         x = torch.randn(tokens, HIDDEN, dtype=bf16)
         w1 = torch.randn(EXPERTS, 2 * EXPERT_WIDTH, HIDDEN, dtype=bf16)
         w2 = torch.randn(EXPERTS, HIDDEN, EXPERT_WIDTH, dtype=bf16)
-        weights, ids = moe_fused_gate(
+        weights, _ = moe_fused_gate(
             torch.randn(tokens, EXPERTS, dtype=bf16), None, TOPK, scoring_func="softmax", renormalize=True
         )
+        ids = torch.randint(0, EXPERTS, (tokens, TOPK), dtype=torch.int32)  # the gate only compiled
         small = tokens <= EXPERTS
         config = dict(
             BLOCK_SIZE_M=16 if small else 64,
@@ -467,27 +467,30 @@ def fused_moe() -> None:
         )
         if tokens <= 32:
             kernels.moe_sum_reduce_triton(down, torch.empty(tokens, HIDDEN, dtype=bf16), 2.5)
-    del triton
 
 
 def align_block_size(ids, block: int, experts: int):
-    """moe_align_block_size's outputs (a CUDA op, not Triton), for the MoE kernels' arguments:
-    token slots sorted by expert, padded to `block`; each block's expert; the padded count."""
+    """moe_align_block_size's outputs for the MoE kernels' arguments, as SGLang's wrapper sizes
+    them (triton_utils/moe_align_block_size.py; its Triton small-batch path does not apply to 4
+    experts), from the sgl_kernel op the GPU machine serves: the kit's stand-in, loaded from its
+    file (importing SGLang's wrapper would load the venv's sgl_kernel, which needs a driver)."""
+    import importlib.util
+
     import torch
 
-    n = ids.numel()
-    size = n * block if n < experts + 1 else n + (experts + 1) * (block - 1)
-    size = (size + 3) // 4 * 4
-    sorted_ids = torch.full((size,), n, dtype=torch.int32)
-    expert_ids = torch.full(((size + block - 1) // block,), -1, dtype=torch.int32)
-    position = blocks = 0
-    for e in range(experts):  # a handful of experts, once, outside any step
-        slots = (ids.flatten() == e).nonzero().flatten().int()
-        padded = (slots.numel() + block - 1) // block * block
-        sorted_ids[position : position + slots.numel()] = slots
-        expert_ids[blocks : blocks + padded // block] = e
-        position, blocks = position + padded, blocks + padded // block
-    return sorted_ids, expert_ids, torch.tensor([position], dtype=torch.int32)
+    path = os.path.join(REPO, "scripts", "gpu", "serve", "standin", "sgl_kernel", "moe.py")
+    spec = importlib.util.spec_from_file_location("standin_moe", path)
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    n, buckets = ids.numel(), experts + 1  # SGLang's +1 bucket for experts filtered out
+    size = n * block if n < buckets else n + buckets * (block - 1)
+    size = (size + 3) // 4 * 4  # the kernel pads with int4 stores
+    sorted_ids = torch.empty(size, dtype=torch.int32)
+    expert_ids = torch.empty((size + block - 1) // block, dtype=torch.int32)
+    padded = torch.empty(1, dtype=torch.int32)
+    cumsum = torch.empty(experts + 2, dtype=torch.int32)
+    standin.moe_align_block_size(ids, buckets, block, sorted_ids, expert_ids, padded, cumsum, True)
+    return sorted_ids, expert_ids, padded
 
 
 @case("gated-deltanet")
