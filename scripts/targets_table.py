@@ -3,7 +3,7 @@ SGLang's own model files so that it cannot drift.
 
 A class is listed when SGLang can build it as a model (it is in a model file's `EntryClass`) and
 it has `set_dflash_layers_to_capture`, defined or inherited from another class of those files:
-what the plugin's start-up check asks of a target (`sglang_dflash/sglang/server_args.py`). The
+what the plugin's start-up check asks of a target (`sglang_dflash/integration/server_args.py`). The
 files are read with `ast`, not imported (many need a GPU to import).
 
 Each class's status is one of `STATUSES`, kept in `STATUS` below; a class SGLang adds and
@@ -23,7 +23,7 @@ import pathlib
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang_dflash.sglang.unserved_targets import ANY_DEVICE, CPU_ENGINE_CANNOT_RUN
+from sglang_dflash.integration.unserved_targets import ANY_DEVICE, CPU_ENGINE_CANNOT_RUN
 
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
@@ -123,7 +123,7 @@ STATUS: dict[str, tuple[str, str]] = {
         "LM head; a checkpoint in SGLang's names against a PyTorch forward: greedy, prefix cache "
         "(`test_target_classes.py`)",
     ),
-    # Refused on the CPU engine (`sglang/unserved_targets.py`), with its reason; not run on a GPU yet.
+    # Refused on the CPU engine (`integration/unserved_targets.py`), with its reason; not run on a GPU yet.
     **{name: ("refused", reason) for name, reason in CPU_ENGINE_CANNOT_RUN.items()},
     **{name: ("refused-any", reason) for name, reason in ANY_DEVICE.items()},
     "InternS2PreviewForConditionalGeneration": (
@@ -153,7 +153,7 @@ STATUS: dict[str, tuple[str, str]] = {
         "with the checkpoint's own config class (`--trust-remote-code`): SWA pool with sinks, a smaller V "
         "head, partial RoPE, MoE; a draft reading L-1; greedy, prefix cache (`test_target_classes.py`). "
         "Refused on every device with transformers' own config class, whose per-layer RoPE settings "
-        "SGLang's layers cannot read (`sglang/unserved_targets.py`)",
+        "SGLang's layers cannot read (`integration/unserved_targets.py`)",
     ),
     "MiMoV2ForCausalLM": ("reasoned", "`MiMoV2FlashForCausalLM` is this class with no code of its own"),
     **_rows(

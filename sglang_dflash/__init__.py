@@ -10,7 +10,7 @@ The folders follow one decode step; imports flow down this list, never up (docs/
     worker.py        the orchestrator: draft -> verify -> accept -> commit -> inject, per step
     runtime.py       the draft side of an engine, assembled from the stages in SGLang's start-up
     step_timer.py    the worker's optional per-phase step timing
-    sglang/ width/   where we meet SGLang's scheduler, pools and arguments; the verify width
+    integration/ width/ where we meet SGLang's scheduler, pools and arguments; the verify width
     ops/ cpu/        kernel entry points; SGLang's CPU engine without sgl-kernel
     draft/           the draft network and its step
     propose/         the draft's hidden states -> proposed tokens, per family

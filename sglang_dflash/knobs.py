@@ -45,7 +45,7 @@ Test aids; each switches a feature off so that a test can show it notices:
   SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER=1      PD transfer leaves the draft's K/V out
   SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE=1       HiCache leaves the draft's K/V out of its backups
   SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT=1        hybrid targets keep the linear-attention state of
-                                                the whole verify window (`sglang/linear_state.py`)
+                                                the whole verify window (`integration/linear_state.py`)
   SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
   SGLANG_DFLASH_TEST_WIDTHS=w1,w2,...           decode steps take these verify widths in turn
                                                 (each at most B), whatever the policy

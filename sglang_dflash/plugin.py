@@ -7,9 +7,9 @@ SGLang calls `register()` in every process it starts, and swallows any error it 
   algorithm keeps its built-in name, SGLang still does its DFLASH-specific set-up: capturing the
   target's hidden states, budgeting the draft KV per token, reserving verify slots.
 * AROUND `_handle_dflash`: DFLASH argument resolution that accepts CPU and validates the draft
-  checkpoint early (`sglang/server_args.py`).
+  checkpoint early (`integration/server_args.py`).
 
-Hooks that only matter inside the scheduler (`sglang/scheduler_hooks.py`) are installed from the
+Hooks that only matter inside the scheduler (`integration/scheduler_hooks.py`) are installed from the
 `create_worker` hook, so the other processes never import their targets.
 
 `SGLANG_DFLASH_IMPL=builtin` hands DFLASH back to SGLang's built-in worker.
@@ -53,7 +53,7 @@ def register() -> None:
 def _create_worker(original, self, server_args):
     if not self.is_dflash():
         return original(self, server_args)
-    from sglang_dflash.sglang.scheduler_hooks import install_scheduler_hooks
+    from sglang_dflash.integration.scheduler_hooks import install_scheduler_hooks
 
     install_scheduler_hooks()
     if use_builtin():
@@ -75,7 +75,7 @@ def _resolve_algorithm_alias(original, algorithm, *args, **kwargs):
 def _handle_dflash(original, server_args):
     if use_builtin():
         return original(server_args)
-    from sglang_dflash.sglang.server_args import handle_dflash_server_args
+    from sglang_dflash.integration.server_args import handle_dflash_server_args
 
     return handle_dflash_server_args(server_args)
 

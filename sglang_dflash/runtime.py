@@ -41,12 +41,12 @@ from sglang_dflash.draft.target_features import (
 )
 from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
+from sglang_dflash.integration import draft_context
+from sglang_dflash.integration.draft_pool import DraftKVPool
+from sglang_dflash.integration.target_pool import num_target_slots
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
 from sglang_dflash.propose.lilicorr import AnchorStore
 from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, proposer_for
-from sglang_dflash.sglang import draft_context
-from sglang_dflash.sglang.draft_pool import DraftKVPool
-from sglang_dflash.sglang.target_pool import num_target_slots
 from sglang_dflash.verify.verifier import Verifier
 
 logger = logging.getLogger(__name__)

@@ -53,17 +53,17 @@ from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
+from sglang_dflash.integration import hidden_states
+from sglang_dflash.integration.draft_context import DraftContextCheck
+from sglang_dflash.integration.draft_pool import DraftKVPool
+from sglang_dflash.integration.linear_state import LinearStateCommit
+from sglang_dflash.integration.metrics import DFlashMetrics
+from sglang_dflash.integration.server_args import draft_load_format
+from sglang_dflash.integration.target_forward import decode_forward, verify_forward
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
 from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, Proposals
 from sglang_dflash.runtime import DraftRuntime
-from sglang_dflash.sglang import hidden_states
-from sglang_dflash.sglang.draft_context import DraftContextCheck
-from sglang_dflash.sglang.draft_pool import DraftKVPool
-from sglang_dflash.sglang.linear_state import LinearStateCommit
-from sglang_dflash.sglang.metrics import DFlashMetrics
-from sglang_dflash.sglang.server_args import draft_load_format
-from sglang_dflash.sglang.target_forward import decode_forward, verify_forward
 from sglang_dflash.step_timer import StepTimer
 from sglang_dflash.verify.acceptance import simulated_acceptance
 from sglang_dflash.verify.sampling_mask import sampling_mask_output
@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 def _draft_tensor_parallel(parallel) -> TensorParallel:
     """This rank's shard of the draft: SGLang's whole TP group. With DP attention or context
     parallelism the target's attention runs on a smaller group; both are refused at start-up
-    (`sglang/server_args.py`), and this says so if a server got here another way."""
+    (`integration/server_args.py`), and this says so if a server got here another way."""
     if parallel.attn_tp_size != parallel.tp_size:
         raise ValueError(
             f"sglang-dflash shards the draft over the whole TP group (tp_size {parallel.tp_size}); "

@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"propose"},
     {"draft"},
     {"ops", "cpu"},
-    {"width", "sglang"},
+    {"width", "integration"},
     {"runtime", "step_timer", "train"},
     {"worker"},
     {"plugin"},

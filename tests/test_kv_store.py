@@ -134,7 +134,7 @@ def test_the_pool_sglang_reads_is_the_stores_memory(monkeypatch, dtype, page_siz
     is the store's K/V at that slot. Scratch rows past the target's range are not in it."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_dflash.sglang.draft_pool import DraftKVPool
+    from sglang_dflash.integration.draft_pool import DraftKVPool
 
     monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")  # the pool stays slot-major regardless
     size, layers, kv_heads, head_dim, scratch = 32, 3, 2, 16, 24
@@ -178,7 +178,7 @@ def test_the_pool_sglang_reads_is_the_stores_memory(monkeypatch, dtype, page_siz
 def test_a_store_smaller_than_the_target_pool_is_refused():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_dflash.sglang.draft_pool import DraftKVPool
+    from sglang_dflash.integration.draft_pool import DraftKVPool
 
     target = MHATokenToKVPool(
         size=32, page_size=1, dtype=torch.float32, head_num=2, head_dim=16, layer_num=1, device="cpu",

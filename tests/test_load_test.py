@@ -371,7 +371,7 @@ def _check_level(level: dict, width: int) -> None:
     assert sum(acc["accept_length_histogram"].values()) == acc["verify_steps"]
     assert 1.0 <= acc["accept_length_mean"] <= width
     server_side = level["server_acceptance"]
-    if server_side:  # the worker exports sglang:dflash_* (see sglang_dflash/sglang/metrics.py)
+    if server_side:  # the worker exports sglang:dflash_* (see sglang_dflash/integration/metrics.py)
         assert server_side["verify_steps"] == acc["verify_steps"]
         assert server_side["accept_length_histogram"] == acc["accept_length_histogram"]
 

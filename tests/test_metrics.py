@@ -1,4 +1,4 @@
-"""sglang_dflash.sglang.metrics: the acceptance counters against hand-computed values, in a private
+"""sglang_dflash.integration.metrics: the acceptance counters against hand-computed values, in a private
 registry and in prometheus_client's multiprocess mode (the one SGLang's /metrics reads), and,
 once the worker feeds them, on a CPU server's /metrics against the requests' own meta_info."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sglang_dflash.sglang import metrics
-from sglang_dflash.sglang.metrics import DFlashMetrics
+from sglang_dflash.integration import metrics
+from sglang_dflash.integration.metrics import DFlashMetrics
 
 LABELS = {"model_name": "m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
 L = {k: str(v) for k, v in LABELS.items()}
@@ -105,7 +105,7 @@ def test_background_thread_publishes(tmp_path):
 
 MULTIPROCESS_SCRIPT = """
 import json, sys
-from sglang_dflash.sglang.metrics import DFlashMetrics
+from sglang_dflash.integration.metrics import DFlashMetrics
 labels, steps = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 m = DFlashMetrics(labels, 4, flush_interval=None)
 for step in steps:

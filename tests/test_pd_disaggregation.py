@@ -12,7 +12,7 @@ and so must the draft's raw proposals at its first decode steps (the proposal tr
 holds only if the decode engine's draft sees the whole prompt. With the draft K/V left out of
 the transfer (a test-only knob), the tokens are still equal (the target verifies) but the
 proposals differ and acceptance drops: the check can fail. The decode engine also counts those
-requests (`sglang/draft_context.py`), and counts none when the draft K/V arrives.
+requests (`integration/draft_context.py`), and counts none when the draft K/V arrives.
 
 Mooncake's CPU build links libibverbs, even for TCP; `make` unpacks Debian's libibverbs1 and
 libnl into `.venv/rdma` (see the Makefile), and the servers get it on LD_LIBRARY_PATH.
@@ -223,7 +223,7 @@ def test_a_prefill_peer_of_another_tp_size_is_refused_by_name(prefill_tp, draft_
     prefill peer's parallel info."""
     from types import SimpleNamespace
 
-    from sglang_dflash.sglang.scheduler_hooks import _refuse_prefill_peer_of_another_tp_size
+    from sglang_dflash.integration.scheduler_hooks import _refuse_prefill_peer_of_another_tp_size
 
     manager = SimpleNamespace(
         attn_tp_size=1,
@@ -242,7 +242,7 @@ def test_context_check_counts_the_rows_no_transfer_overwrote(caplog):
     import torch
 
     from sglang_dflash.draft.kv_store import DraftKVStore
-    from sglang_dflash.sglang.draft_context import DraftContextCheck
+    from sglang_dflash.integration.draft_context import DraftContextCheck
 
     store = DraftKVStore(
         num_slots=16, num_layers=2, num_kv_heads=1, head_dim=4, dtype=torch.bfloat16, device="cpu"

@@ -447,7 +447,7 @@ def test_every_kind_of_request_in_one_batch(dflash, reference):
 def test_stateful_requests_decode_exactly_while_prompts_prefill(dflash, reference):
     """Penalized requests decode while long prompts are prefilled in chunks. With mixed chunked
     prefill SGLang would mix them into those prefill batches, where its own sampler, without the
-    penalty state, would draw their tokens; the worker keeps them out (`sglang/scheduler_hooks.py`)."""
+    penalty state, would draw their tokens; the worker keeps them out (`integration/scheduler_hooks.py`)."""
     want = reference
     long = [dict(input_ids=p, sampling_params=dict(GREEDY, max_new_tokens=4)) for p in LONG_PROMPTS]
     out = engines.submit(dflash, _penalized_requests() + long, stagger=0.05)

@@ -268,7 +268,7 @@ def test_a_target_sglang_cannot_run_is_refused_by_name(tiny, tmp_path, name, ref
 
 
 def test_refusals_follow_the_class_ancestry():
-    from sglang_dflash.sglang.unserved_targets import MAMBA2, cpu_engine_refusal, refusal
+    from sglang_dflash.integration.unserved_targets import MAMBA2, cpu_engine_refusal, refusal
 
     # SGLang's subclasses of a refused class are refused too.
     assert cpu_engine_refusal(type("Puzzle", (type("NemotronHForCausalLM", (), {}),), {})) == MAMBA2

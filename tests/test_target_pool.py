@@ -17,7 +17,7 @@ def test_sized_from_the_full_attention_pool_of_every_known_shape():
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, MHATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    from sglang_dflash.sglang.target_pool import num_target_slots
+    from sglang_dflash.integration.target_pool import num_target_slots
 
     full = _bare(MHATokenToKVPool, size=1000, page_size=1)
     assert num_target_slots(full) == 1001
@@ -38,7 +38,7 @@ def test_real_sglang_pools_built_on_cpu():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    from sglang_dflash.sglang.target_pool import num_target_slots
+    from sglang_dflash.integration.target_pool import num_target_slots
 
     common = dict(dtype=torch.float32, device="cpu", enable_memory_saver=False)
     swa = SWAKVPool(
@@ -73,7 +73,7 @@ def test_real_sglang_pools_built_on_cpu():
 def test_post_capture_kv_sizing_is_refused():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from sglang_dflash.sglang.target_pool import num_target_slots
+    from sglang_dflash.integration.target_pool import num_target_slots
 
     pool = _bare(MHATokenToKVPool, size=1000, page_size=1, post_capture_active=True)
     with pytest.raises(ValueError, match="SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"):
@@ -81,7 +81,7 @@ def test_post_capture_kv_sizing_is_refused():
 
 
 def test_an_unknown_pool_is_refused_naming_it():
-    from sglang_dflash.sglang.target_pool import num_target_slots
+    from sglang_dflash.integration.target_pool import num_target_slots
 
     class SomeNewPool:
         size, page_size = 10, 1

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sglang_dflash.sglang.metrics import resolve_spec_tokens_hook
+from sglang_dflash.integration.metrics import resolve_spec_tokens_hook
 from sglang_dflash.width.policy import (
     AcceptanceEstimate,
     RequestAcceptance,

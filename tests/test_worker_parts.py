@@ -88,21 +88,22 @@ def test_the_worker_reads_no_environment_variable():
 
 def test_no_import_circle_between_plugin_hooks_and_worker():
     """The plugin registers; the worker imports neither the plugin nor the scheduler hooks."""
-    for module in ("worker", "runtime", "sglang/scheduler_hooks"):
+    for module in ("worker", "runtime", "integration/scheduler_hooks"):
         tree = ast.parse(open(os.path.join(ROOT, "sglang_dflash", f"{module}.py")).read())
         imported = {
             node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
         }
         assert "sglang_dflash.plugin" not in imported, module
-        if module != "sglang/scheduler_hooks":
-            assert "sglang_dflash.sglang.scheduler_hooks" not in imported, module
+        if module != "integration/scheduler_hooks":
+            assert "sglang_dflash.integration.scheduler_hooks" not in imported, module
 
 
 @pytest.mark.sglang
 def test_importing_the_worker_loads_neither_plugin_nor_hooks():
     code = (
         "import sys, sglang_dflash.worker; "
-        "print(sorted(set(sys.modules) & {'sglang_dflash.plugin', 'sglang_dflash.sglang.scheduler_hooks'}))"
+        "print(sorted(set(sys.modules) & {'sglang_dflash.plugin', "
+        "'sglang_dflash.integration.scheduler_hooks'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -212,7 +213,7 @@ def test_a_width1_decode_forward_gives_the_target_a_plain_decode_batch():
     lengths and token, and puts the batch back as it was."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from sglang_dflash.sglang.target_forward import decode_forward
+    from sglang_dflash.integration.target_forward import decode_forward
 
     seen = {}
 

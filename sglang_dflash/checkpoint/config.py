@@ -287,7 +287,7 @@ class DFlashDraftConfig:
     @classmethod
     def from_dict(cls, raw: dict, default_block_size: Optional[int] = None) -> "DFlashDraftConfig":
         """`default_block_size`: the draft block of a checkpoint without `block_size` (SGLang's
-        built-in uses `--speculative-num-draft-tokens`, else 16: `sglang/server_args.py`); without
+        built-in uses `--speculative-num-draft-tokens`, else 16: `integration/server_args.py`); without
         it, the field is required."""
         if not isinstance(raw, dict):
             raise CheckpointError(f"draft config must be a JSON object, got {type(raw).__name__}")

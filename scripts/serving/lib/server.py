@@ -244,7 +244,7 @@ _PER_POSITION = {
 
 
 def dflash_counters(samples: Optional[dict]) -> Optional[dict]:
-    """This package's acceptance counters (see `sglang_dflash/sglang/metrics.py`), summed over label
+    """This package's acceptance counters (see `sglang_dflash/integration/metrics.py`), summed over label
     sets; None if the server does not export them."""
     if not samples:
         return None

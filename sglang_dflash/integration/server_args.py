@@ -17,7 +17,7 @@ from typing import Optional
 
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.checkpoint.mask_token import resolve_mask_token_id
-from sglang_dflash.sglang import unserved_targets
+from sglang_dflash.integration import unserved_targets
 
 logger = logging.getLogger(__name__)
 

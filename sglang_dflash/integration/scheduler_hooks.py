@@ -37,7 +37,7 @@ def install_scheduler_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_dflash.cpu import verify_attention
-    from sglang_dflash.sglang import metrics
+    from sglang_dflash.integration import metrics
 
     srt = "sglang.srt."
     hooks = {
@@ -149,7 +149,7 @@ def _validate_request(original, req, *args, **kwargs):
         return original(req, *args, **kwargs)
     # Ours replaces the built-in's check, which refuses what this worker serves (hidden states
     # under overlap scheduling).
-    from sglang_dflash.sglang.admission import disarm, unsupported_feature
+    from sglang_dflash.integration.admission import disarm, unsupported_feature
 
     reason = unsupported_feature(req)
     if reason is not None:
@@ -175,7 +175,7 @@ def _keep_stateful_requests_unmixed(original, self, *args, **kwargs):
     only our worker keeps (penalties, custom logit processors: `admission.needs_own_sampling`)
     that token would be wrong, so while such a request runs, prefill batches are not mixed, the
     way SGLang itself never mixes requests that return logprobs."""
-    from sglang_dflash.sglang.admission import needs_own_sampling
+    from sglang_dflash.integration.admission import needs_own_sampling
 
     running = kwargs.get("running_batch", args[-1] if args else None)
     if (
