@@ -54,10 +54,10 @@ test: install lint $(TRITON36)/.installed
 # SGLang, FlashInfer and what they import for the GPU machine's Python (.gpu-bundle/serve), and
 # FlashInfer's kernels for sm_90a (.gpu-bundle/aot; 20-30 CPU-minutes, resumable).
 gpu-bundle: $(VENV)/.deps
-	$(PY) scripts/gpu/bundle.py --serve
+	$(PY) tests/gpu_kit/bundle.py --serve
 
 gpu-aot: $(VENV)/.deps
-	nice $(PY) scripts/gpu/aot.py
+	nice $(PY) tests/gpu_kit/aot.py
 
 # SGLang's Triton kernels that gpu-matrix runs, compiled for sm_90 by the GPU machine's Triton
 # (3.6.0, installed beside the venv's own, TRITON36 above), without a GPU; a kernel that fails
@@ -68,7 +68,7 @@ $(TRITON36)/.installed: $(VENV)/.deps
 	touch $@
 
 triton-preflight: $(TRITON36)/.installed
-	PYTHONPATH=$(TRITON36) $(PY) -m scripts.gpu.triton_preflight
+	PYTHONPATH=$(TRITON36) $(PY) -m tests.gpu_kit.triton_preflight
 
 # ---- On the GPU machine (Python, a CUDA PyTorch and nvcc; no SGLang, no package index): ----
 # The GPU numbers in one command of at most 9 minutes, in priority order: greedy lossless, the
@@ -76,7 +76,7 @@ triton-preflight: $(TRITON36)/.installed
 # .gpu-bundle/aot. STEPS and DEADLINE (seconds) override the defaults.
 GPU_PY ?= python3
 gpu-proof:
-	$(GPU_PY) -m scripts.gpu.proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
+	$(GPU_PY) -m tests.gpu_kit.proof $(if $(STEPS),--steps $(STEPS)) $(if $(DEADLINE),--deadline $(DEADLINE))
 
 # The race under load, from 1 to 256 concurrent requests (one command of at most 9 minutes, in
 # priority order: acceptance 3 with every server, ours adaptive against ours at B under
@@ -84,7 +84,7 @@ gpu-proof:
 RACE_LEVELS ?= 1,8,32,64,128,256
 RACE_STEPS := race-3,race-geo-3,race-6.5
 gpu-race:
-	$(GPU_PY) -m scripts.gpu.proof --steps $(or $(STEPS),$(RACE_STEPS)) --race-concurrency $(RACE_LEVELS) \
+	$(GPU_PY) -m tests.gpu_kit.proof --steps $(or $(STEPS),$(RACE_STEPS)) --race-concurrency $(RACE_LEVELS) \
 		--race-servers dflash,dflash-builtin,baseline,dflash-fixed --race-seconds 8 \
 		$(if $(DEADLINE),--deadline $(DEADLINE))
 
@@ -93,24 +93,24 @@ gpu-race:
 # tiny pair built on the machine, the plain engine against our DFLASH, three families at once.
 # Carry what gpu-proof carries. FAMILIES (comma-separated) and DEADLINE override the defaults.
 gpu-matrix:
-	$(GPU_PY) -m scripts.gpu.proof --steps matrix $(if $(FAMILIES),--families $(FAMILIES)) \
+	$(GPU_PY) -m tests.gpu_kit.proof --steps matrix $(if $(FAMILIES),--families $(FAMILIES)) \
 		$(if $(DEADLINE),--deadline $(DEADLINE))
 
 # A second call: overlap off, the other acceptance length, the stand-in's kernel tests.
 SECOND_CALL := lossless-no-overlap,race-3,standin-tests
 gpu-serve-check:
-	$(GPU_PY) -m scripts.gpu.proof --steps $(or $(STEPS),$(SECOND_CALL))
+	$(GPU_PY) -m tests.gpu_kit.proof --steps $(or $(STEPS),$(SECOND_CALL))
 
 # The training recipe on the GPU (one command, about 6 minutes, nothing carried): throughput at a
 # Qwen3-8B shape, the tiny pair with one process and with NCCL, the block attention benchmark.
 gpu-train:
-	GPU_PY=$(GPU_PY) bash scripts/gpu/train.sh
+	GPU_PY=$(GPU_PY) bash tests/gpu_kit/train.sh
 
 # Our GPU components without SGLang: make gpu-check-tests, then make gpu-check-benches (each
 # fits one 10-minute command; gpu-check runs both). FlashInfer from .gpu-bundle/wheels
-# (`python scripts/gpu/bundle.py`) when the machine has none.
+# (`python tests/gpu_kit/bundle.py`) when the machine has none.
 gpu-check gpu-check-tests gpu-check-benches:
-	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) PART=$(or $(subst gpu-check-,,$(filter gpu-check-%,$@)),all) bash scripts/gpu/check.sh
+	BUNDLE=$(or $(BUNDLE),.gpu-bundle/wheels) PART=$(or $(subst gpu-check-,,$(filter gpu-check-%,$@)),all) bash tests/gpu_kit/check.sh
 
 clean:
 	rm -rf build *.egg-info sglang_dflash/_C*.so

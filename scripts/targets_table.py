@@ -7,7 +7,7 @@ what the plugin's start-up check asks of a target (`sglang_dflash/integration/se
 files are read with `ast`, not imported (many need a GPU to import).
 
 Each class's status is one of `STATUSES`, kept in `STATUS` below; a class SGLang adds and
-`STATUS` lacks fails `tests/test_targets_table.py`, as does a README whose table is not this
+`STATUS` lacks fails `tests/repo/test_targets_table.py`, as does a README whose table is not this
 script's output.
 
     python scripts/targets_table.py           # print the table
@@ -51,11 +51,11 @@ STATUS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("cpu", "greedy; routed experts (`test_target_shapes.py`)"),
     "LlamaForCausalLM": ("cpu", "greedy; page size 16; draft window (`test_target_shapes.py`)"),
     "MistralForCausalLM": ("reasoned", "`LlamaForCausalLM` with no code of its own"),
-    "Qwen3NextForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache, abort (`test_hybrid.py`)"),
-    "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid.py`)"),
-    "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid.py`)"),
-    "Qwen3_5ForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
-    "Qwen3_5MoeForConditionalGeneration": ("cpu", "text requests (`test_hybrid.py`)"),
+    "Qwen3NextForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache, abort (`test_hybrid_targets.py`)"),
+    "Qwen3_5ForCausalLM": ("cpu", "hybrid GDN: greedy, sampling, prefix cache (`test_hybrid_targets.py`)"),
+    "Qwen3_5MoeForCausalLM": ("cpu", "hybrid GDN: greedy, prefix cache (`test_hybrid_targets.py`)"),
+    "Qwen3_5ForConditionalGeneration": ("cpu", "text requests (`test_hybrid_targets.py`)"),
+    "Qwen3_5MoeForConditionalGeneration": ("cpu", "text requests (`test_hybrid_targets.py`)"),
     "GptOssForCausalLM": (
         "cpu",
         "sinks (`cpu/paged_attention.py`), SWA pool, MoE; greedy, prefix cache (`test_target_classes.py`)",

@@ -38,8 +38,8 @@ MODEL_FIELDS = (
 
 # The model types SGLang 0.5.23 reads with its own config classes (`_CONFIG_REGISTRY` in
 # srt/utils/hf_transformers/common.py, registered with transformers' AutoConfig when SGLang is
-# imported; tests/test_published_drafts.py checks this list against it). Of these, the drafts we
-# serve are emulated (`EMULATED`); the others are refused.
+# imported; tests/unit/checkpoint/test_published_drafts.py checks this list against it). Of
+# these, the drafts we serve are emulated (`EMULATED`); the others are refused.
 SGLANG_CONFIG_TYPES = frozenset(
     {
         "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Nano_VL_V2", "afmoe", "bailing_hybrid",

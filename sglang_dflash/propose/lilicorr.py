@@ -28,7 +28,7 @@ the exact q-aware verify. There is no log-probability prior in the scores: the h
 without one.
 
 This is SGLang 0.5.23's maths (models/lilicorr.py `LiLiCorrHead`, speculative/lilicorr_utils.py,
-kernels/ops/speculative/lilicorr.py), as `tests/test_lilicorr.py` checks against its own modules.
+kernels/ops/speculative/lilicorr.py), as `tests/unit/propose/test_lilicorr.py` checks against its own modules.
 The weights keep SGLang's names (`lilicorr.*`; the attention in `nn.MultiheadAttention`'s layout)
 and are replicated on every tensor-parallel rank, as there.
 """

@@ -20,7 +20,7 @@ accepts d with min(1, p(d)/q(d)) and resamples rejections from (p - q)+ (`verify
 greedy walk's q is the point mass on its pick.
 
 This is SGLang 0.5.23's maths (models/dflash.py: `CandidateSelector`, `candidate_topk`,
-`DFlash2DraftModel`), as `tests/test_selector.py` checks against its own modules.
+`DFlash2DraftModel`), as `tests/unit/propose/test_selector.py` checks against its own modules.
 """
 
 from __future__ import annotations

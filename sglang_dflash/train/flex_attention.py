@@ -96,7 +96,7 @@ def mask_mod_for(q_anchor: torch.Tensor, shapes: FlexShapes, *, causal: bool, wi
     """The mask per (row, head, query, key) over the padded layout; `q_anchor` from
     `query_anchors`. Context key t: t < the query's anchor; block key j: the query's own block.
     Then `attention.visibility`'s rule by position (query q at anchor + q % B, block key j at
-    anchor + j % B), per element; `tests/test_flex_attention.py` checks the whole equals
+    anchor + j % B), per element; `tests/unit/train/test_flex_attention.py` checks the whole equals
     `mask.block_attention_mask`."""
     s, bsz = shapes.context, shapes.block_size
 

@@ -80,7 +80,7 @@ import torch
 from sglang_dflash.verify.acceptance import greedy_verify
 
 # sglang.srt.sampling.sampling_params.TOP_K_ALL ("whole vocabulary"); not imported, to keep this
-# module free of sglang imports. tests/test_sampling.py checks that they agree.
+# module free of sglang imports. tests/unit/verify/test_sampling.py checks that they agree.
 TOP_K_ALL = 1 << 30
 _MASK32 = 0xFFFFFFFF
 _UINT32_MAX = 4294967295  # torch.iinfo(torch.uint32).max, as in multinomial_with_seed
@@ -262,7 +262,7 @@ def murmur_hash32(seeds: torch.Tensor, positions: torch.Tensor, cols: torch.Tens
 
     seeds [n] int64 (or uint64), positions [n] int, cols [m] or [n, m] int -> [n, m] int64 holding
     the uint32 hash of (seed low word, seed high word, position mod 2**32, column mod 2**32).
-    Bit-identical to SGLang's Triton kernel (tests/test_sampling.py runs it in the Triton
+    Bit-identical to SGLang's Triton kernel (tests/unit/verify/test_sampling.py runs it in the Triton
     interpreter), so it can also stand in for `sgl_kernel.murmur_hash32_cpu`.
     """
     if seeds.dtype == torch.uint64:

@@ -34,7 +34,7 @@ import torch
 from sglang_dflash.verify.sampling import SamplingRows, _filter_sorted, _temperature_softmax
 
 # sglang.srt.layers.logits_processor.SamplingMaskStatus; not imported, to keep this module free
-# of sglang imports (tests/test_sampling_mask.py checks that they agree).
+# of sglang imports (tests/unit/verify/test_sampling_mask.py checks that they agree).
 OK, OVERFLOW, INVALID = 0, 1, 2
 
 

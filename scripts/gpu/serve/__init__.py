@@ -1,2 +1,0 @@
-"""The GPU serving kit (`make gpu-proof`): SGLang and our DFLASH on a GPU machine that has
-PyTorch and no package index. See scripts/gpu/proof.py."""

@@ -1,0 +1,176 @@
+"""A draft that does not fit its target, a missing field, a bad weight: each refused at launch, naming
+the field and its value."""
+
+import os
+
+import pytest
+import torch
+
+from sglang_dflash.checkpoint.config import CheckpointError
+from tests.support import engines
+
+
+def _expect_startup_error(
+    target, draft, message, num_draft_tokens=None, error_type=CheckpointError, **kwargs
+):
+    with pytest.raises(error_type) as error:
+        engine = engines.start(target, draft, num_draft_tokens, **kwargs)
+        engines.shutdown(engine)  # only reached if the bad input was accepted
+    assert message in str(error.value), str(error.value)
+
+
+@pytest.mark.sglang
+def test_missing_draft_path(tiny):
+    _expect_startup_error(tiny.target("a"), "/nonexistent/draft", "'/nonexistent/draft' is not a directory")
+
+
+@pytest.mark.sglang
+def test_missing_config_field(tiny):
+    draft = tiny.edited_draft("a", "no-heads", lambda d: d.pop("num_attention_heads"))
+    _expect_startup_error(tiny.target("a"), draft, "missing the field 'num_attention_heads'")
+
+
+@pytest.mark.sglang
+def test_hidden_size_mismatch(tiny):
+    draft = tiny.edited_draft("a", "hidden", lambda d: d.update(hidden_size=32))
+    _expect_startup_error(
+        tiny.target("a"), draft, "field 'hidden_size' is 32 but the target's hidden_size is 64"
+    )
+
+
+@pytest.mark.sglang
+def test_mask_token_beyond_vocab(tiny):
+    draft = tiny.edited_draft("a", "mask", lambda d: d["dflash_config"].update(mask_token_id=384))
+    _expect_startup_error(
+        tiny.target("a"), draft, "'mask_token_id' is 384, at or beyond the target's vocab_size 384"
+    )
+
+
+@pytest.mark.sglang
+def test_target_layer_ids_out_of_range(tiny):
+    draft = tiny.edited_draft("a", "ids", lambda d: d["dflash_config"].update(target_layer_ids=[7]))
+    _expect_startup_error(tiny.target("a"), draft, "'target_layer_ids' has 7 at index 0, out of range [0, 2]")
+
+
+@pytest.mark.sglang
+def test_draft_window_below_the_block_size(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-draft-window-size 12 is below the DFLASH draft's block size 16",
+        error_type=ValueError,
+        speculative_draft_window_size=12,
+    )
+
+
+@pytest.mark.sglang
+def test_draft_sink_is_refused(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-draft-sink-size is not supported with DFLASH",
+        error_type=ValueError,
+        speculative_draft_window_size=32,
+        speculative_draft_sink_size=4,
+    )
+
+
+@pytest.mark.sglang
+def test_num_draft_tokens_above_block_size(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--speculative-num-draft-tokens 17 must be between 2 and the draft checkpoint's block_size 16",
+        num_draft_tokens=17,
+    )
+
+
+@pytest.mark.sglang
+def test_target_without_hidden_state_capture(tiny, tmp_path):
+    import json
+    import shutil
+
+    target = str(tmp_path / "qwen2-target")
+    shutil.copytree(tiny.target("a"), target)
+    with open(os.path.join(target, "config.json")) as f:
+        config = json.load(f)
+    config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(config, f)
+    _expect_startup_error(target, tiny.draft("a"), "target architecture 'Qwen2ForCausalLM' cannot capture")
+
+
+@pytest.mark.sglang
+def test_grammar_backend_not_installed(tiny, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llguidance" else find_spec(name, *a)
+    )
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--grammar-backend llguidance: the 'llguidance' package is not installed",
+        error_type=ValueError,
+        grammar_backend="llguidance",
+    )
+
+
+@pytest.mark.sglang
+def test_outlines_under_a_reasoning_parser(tiny):
+    _expect_startup_error(
+        tiny.target("a"),
+        tiny.draft("a"),
+        "--grammar-backend outlines with --reasoning-parser qwen3 is not supported with DFLASH",
+        error_type=ValueError,
+        grammar_backend="outlines",
+        reasoning_parser="qwen3",
+    )
+
+
+def _draft_with_weights(tiny, tmp_path, name: str, edit) -> str:
+    """A copy of draft "a" whose tensors dict is passed through `edit(dict)`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = str(tmp_path / name)
+    shutil.copytree(tiny.draft("a"), path)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file)
+    return path
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(
+    "name, edit, message",
+    [
+        ("no-fc", lambda t: t.pop("fc.weight"), "missing the weight 'fc.weight' (expected shape (64, 64))"),
+        (
+            "short-q",
+            lambda t: t.update({"layers.0.self_attn.q_proj.weight": torch.zeros(32, 64)}),
+            "'layers.0.self_attn.q_proj.weight' has shape (32, 64), expected (64, 64)",
+        ),
+        (
+            "narrow-fc",
+            lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
+            "'fc.weight' has shape (64, 128), expected (64, 64): "
+            "fc reads 1 captured target layer(s) of hidden_size 64",
+        ),
+        (
+            "conv",
+            lambda t: t.update({"layers.0.mlp_conv.base_kernel": torch.zeros(2, 3, 64)}),
+            "draft checkpoint tensor 'layers.0.mlp_conv.base_kernel' belongs to grouped dynamic "
+            "convolution, which its config does not declare (dflash_config.conv_kernel_size and "
+            "conv_group_size); serve it with SGLang's built-in DFLASH (SGLANG_DFLASH_IMPL=builtin)",
+        ),
+    ],
+    ids=["missing", "misshapen", "fc-for-another-target", "another-family"],
+)
+def test_bad_weights_fail_in_the_launching_process(tiny, tmp_path, name, edit, message):
+    """One line naming the tensor (and both shapes, or the family it belongs to), before any
+    scheduler process starts."""
+    _expect_startup_error(tiny.target("a"), _draft_with_weights(tiny, tmp_path, name, edit), message)
