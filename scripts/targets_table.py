@@ -1,4 +1,4 @@
-"""The README's table of every SGLang target class that captures DFlash features, generated from
+"""docs/targets.md's table of every SGLang target class that captures DFlash features, generated from
 SGLang's own model files so that it cannot drift.
 
 A class is listed when SGLang can build it as a model (it is in a model file's `EntryClass`) and
@@ -7,11 +7,11 @@ what the plugin's start-up check asks of a target (`sglang_dflash/integration/se
 files are read with `ast`, not imported (many need a GPU to import).
 
 Each class's status is one of `STATUSES`, kept in `STATUS` below; a class SGLang adds and
-`STATUS` lacks fails `tests/repo/test_targets_table.py`, as does a README whose table is not this
-script's output.
+`STATUS` lacks fails `tests/repo/test_targets_table.py`, as does a docs/targets.md whose table is
+not this script's output.
 
     python scripts/targets_table.py           # print the table
-    python scripts/targets_table.py --write   # rewrite it in README.md, between its markers
+    python scripts/targets_table.py --write   # rewrite it in docs/targets.md, between its markers
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sglang_dflash.integration.unserved_targets import ANY_DEVICE, CPU_ENGINE_CA
 
 METHOD = "set_dflash_layers_to_capture"
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "targets.md"
 
 STATUSES = {
     # tiny random targets on SGLang's CPU engine, against the engine without DFLASH or an oracle
@@ -279,7 +279,8 @@ def table(classes: list[TargetClass]) -> str:
     return "\n".join([f"{len(classes)} classes: {summary}.", "", *lines])
 
 
-def readme_block(text: str) -> str:
+def marked_block(text: str) -> str:
+    """What `text` holds between the table's markers."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:end].strip("\n")
 
@@ -288,16 +289,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    parser.add_argument("--write", action="store_true", help="rewrite the table in docs/targets.md")
     args = parser.parse_args()
     generated = table(capturing_classes())
     if not args.write:
         print(generated)
         return
-    text = README.read_text()
+    text = DOC.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    README.write_text(text[:start] + "\n" + generated + "\n" + text[end:])
-    print(f"README.md: {len(generated.splitlines()) - 4} classes")
+    DOC.write_text(text[:start] + "\n" + generated + "\n" + text[end:])
+    print(f"{DOC.name}: {len(generated.splitlines()) - 4} classes")
 
 
 if __name__ == "__main__":

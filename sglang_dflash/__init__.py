@@ -3,22 +3,8 @@
 Importing this package is cheap: SGLang loads the plugin entry point (`plugin.register`) in
 every process, and everything heavy is imported where it is used.
 
-The folders follow one decode step; imports flow down this list, never up (docs/architecture.md,
-"Imports flow one way"):
-
-    plugin.py        the entry point: SGLang's hooks hand DFLASH to `worker.py`
-    worker.py        the orchestrator: draft -> verify -> accept -> commit -> inject, per step
-    runtime.py       the draft side of an engine, assembled from the stages in SGLang's start-up
-    step_timer.py    the worker's optional per-phase step timing
-    integration/ width/ where we meet SGLang's scheduler, pools and arguments; the verify width
-    ops/ cpu/        kernel entry points; SGLang's CPU engine without sgl-kernel
-    draft/           the draft network and its step
-    propose/         the draft's hidden states -> proposed tokens, per family
-    verify/          proposals -> accepted tokens, exactly
-    checkpoint/      what a draft checkpoint may hold, parsed and checked
-    knobs.py         every environment variable, read once
-
-`train/` (the training recipe) sits beside the worker and imports `draft/` and `checkpoint/`.
+The folders follow one decode step, and imports flow one way between them: the layout, its
+layers and the module map are in docs/architecture.md ("Layout").
 """
 
 import os

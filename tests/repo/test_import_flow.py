@@ -9,6 +9,7 @@ and on small trees that break each rule.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.support import paths
@@ -164,6 +165,28 @@ def test_the_graph_sees_lazy_relative_and_from_imports():
     assert (
         "sglang_dflash.checkpoint.contract" in graph["sglang_dflash.checkpoint.config"]
     )  # from pkg import mod
+
+
+def documented_layers(text: str) -> list[set[str]]:
+    """The layers of docs/architecture.md's "Layout" table, bottom to top: a row whose first cell
+    is 7 and second names runtime.py and train/ gives {"runtime", "train"} at index 7 (and
+    __init__.py gives "")."""
+    layers: dict[int, set[str]] = {}
+    for row in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, flags=re.M):
+        names = re.findall(r"`([^`]+)`", row[1])
+        layers[int(row[0])] = {"" if n == "__init__.py" else n.removesuffix(".py").rstrip("/") for n in names}
+    return [layers[i] for i in sorted(layers)]
+
+
+def test_the_architecture_doc_lists_the_layers():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Layout") : text.index("## Module map")]
+    assert documented_layers(layout) == LAYERS
+
+
+def test_a_layer_the_doc_lacks_is_found():
+    assert documented_layers("| 1 | `a.py`, `b/` | x |\n| 0 | `__init__.py` | y |") == [{""}, {"a", "b"}]
+    assert documented_layers("| 0 | `__init__.py` | y |") != [{""}, {"a", "b"}]
 
 
 # Folders the module map names as a whole: each one's __init__ docstring maps its own modules.

@@ -1,5 +1,5 @@
-"""The README's table of target classes (`scripts/targets_table.py`) against SGLang's model files:
-every class SGLang can build with `set_dflash_layers_to_capture` has a status, and the README
+"""docs/targets.md's table of target classes (`scripts/targets_table.py`) against SGLang's model files:
+every class SGLang can build with `set_dflash_layers_to_capture` has a status, and docs/targets.md
 holds exactly the generated table. The scan is checked against the classes themselves (imported)
 for two model files, and on a small tree of its own, where a new inheriting class is found."""
 
@@ -18,9 +18,9 @@ def test_every_sglang_class_has_a_status_and_no_status_is_stale():
     assert sorted(targets_table.STATUS.keys() - names) == [], "statuses of classes SGLang no longer has"
 
 
-def test_the_readme_holds_the_generated_table():
+def test_the_doc_holds_the_generated_table():
     generated = targets_table.table(targets_table.capturing_classes())
-    assert targets_table.readme_block(targets_table.README.read_text()) == generated, (
+    assert targets_table.marked_block(targets_table.DOC.read_text()) == generated, (
         "run: python scripts/targets_table.py --write"
     )
 
