@@ -53,7 +53,7 @@ from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
-from sglang_dflash.integration import hidden_states
+from sglang_dflash.integration import returned_hidden_states
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
@@ -150,7 +150,7 @@ class DFlashWorker(BaseSpecWorker):
         self.grammar_window = GrammarWindow(
             propose=self.knobs.grammar_proposals, vocab_size=self.runtime.vocab_size
         )
-        self.returns_hidden_states = hidden_states.keep_final_hidden_states(runner.model)
+        self.returns_hidden_states = returned_hidden_states.keep_final_hidden_states(runner.model)
         self._why_not_deferred = why_not_deferred(
             switched_off=not self.knobs.deferred_injection,
             offloads=_offloads_draft_kv(),
@@ -326,7 +326,7 @@ class DFlashWorker(BaseSpecWorker):
             self.runtime.inject(
                 logits_output.hidden_states, positions, batch.out_cache_loc, last_rows, batch.req_pool_indices
             )
-            hidden_states.hand_over(batch, logits_output, extend=True)
+            returned_hidden_states.hand_over(batch, logits_output, extend=True)
             self.runtime.verifier.start_requests(batch)
             result.next_draft_input = make_draft_input(result.next_token_ids, batch.seq_lens)
         self.timer.end_step(len(batch.reqs), kind="extend")
@@ -440,7 +440,7 @@ class DFlashWorker(BaseSpecWorker):
                         last_rows,
                         batch.req_pool_indices,
                     )
-            hidden_states.hand_over(batch, logits_output)
+            returned_hidden_states.hand_over(batch, logits_output)
         if self.deferred is not None:  # its cost belongs to the steps that queued it
             self.step_width.exclude(self.deferred.take_flush_seconds())
         if self.trace_file is not None:
