@@ -12,7 +12,7 @@ from tests.gpu_kit import bundle as gpu_bundle
 from tests.support import paths
 
 ROOT = paths.REPO
-STANDIN = ROOT / "scripts" / "gpu" / "serve" / "standin"
+STANDIN = ROOT / "tests" / "gpu_kit" / "serve" / "standin"
 
 
 def python(root: pathlib.Path) -> str:

@@ -32,7 +32,7 @@ sys.meta_path.insert(0, Absent())
 def gpu_test_files() -> list[str]:
     return sorted(
         str(path.relative_to(ROOT))
-        for path in (ROOT / "tests").glob("test_*.py")
+        for path in (ROOT / "tests").rglob("test_*.py")
         if re.search(r"^(@pytest\.mark\.gpu|\w+ = pytest\.mark\.gpu)$", path.read_text(), re.M)
     )
 
@@ -42,7 +42,7 @@ def test_the_checks_run_every_gpu_test_file_once():
     standin-tests) the sgl_kernel stand-in's, whose kernels SGLang's path loads anyway."""
     from tests.gpu_kit import proof as gpu_proof
 
-    script = (ROOT / "scripts" / "gpu" / "check.sh").read_text()
+    script = (ROOT / "tests" / "gpu_kit" / "check.sh").read_text()
     listed = re.search(r'^GPU_TESTS="([^"]*)"', script, re.M).group(1).split()
     assert not set(listed) & set(gpu_proof.STANDIN_TESTS)
     assert sorted(listed + list(gpu_proof.STANDIN_TESTS)) == gpu_test_files()
