@@ -45,7 +45,7 @@ from sglang_dflash.integration import draft_context
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.target_pool import num_target_slots
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
-from sglang_dflash.propose.lilicorr import AnchorStore
+from sglang_dflash.propose.lilicorr import LastTokenStore
 from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, proposer_for
 from sglang_dflash.verify.verifier import Verifier
 
@@ -111,7 +111,8 @@ class DraftRuntime:
         self.kv_pool: Optional[DraftKVPool] = None  # the store, as SGLang's KV pool of the draft
         self.step: Optional[DraftStep] = None  # eager or graphed
         self.context_check: Optional[draft_context.DraftContextCheck] = None  # PD decode engines
-        self.anchors: Optional[AnchorStore] = None  # LiLiCorr drafts: each request's last context feature
+        # LiLiCorr drafts: the context feature of each request's last committed token.
+        self.last_tokens: Optional[LastTokenStore] = None
 
     def _checked_config(self, path: str, runner, tokenizer, num_draft_tokens: int):
         """The checkpoint's config, checked against the target and B, with its mask token id;
@@ -189,13 +190,13 @@ class DraftRuntime:
     ) -> None:
         """The target's captured layers of T tokens [T, C*H] at `positions` [T] -> their context
         K/V in the draft KV store at `slots` [T] (slot 0: the sink, for tokens not committed).
-        With `anchors` (LiLiCorr), `last_rows` [n] are the rows of the last committed token of
-        the requests `req_pool_indices` [n], whose context features the store keeps."""
+        With `last_tokens` (LiLiCorr), `last_rows` [n] are the rows of the last committed token
+        of the requests `req_pool_indices` [n], whose context features that store keeps."""
         features = self.features.arrange(captured)  # [T, K*H]
         ops.inject_context_kv(self.draft_model, self.store, features, positions, slots)
-        if self.anchors is not None:
+        if self.last_tokens is not None:
             last = features[last_rows].to(self.draft_model.fc.weight.dtype)  # [n, K*H]
-            self.anchors.write(
+            self.last_tokens.write(
                 req_pool_indices, self.draft_model.fuse_target_features(last), slots[last_rows]
             )
 
@@ -241,8 +242,8 @@ class DraftRuntime:
             )
             self.verifier = Verifier(max_bs, self.vocab_size, self.device, seed=seed)
             if isinstance(self.proposer, LiLiCorrProposer):
-                self.anchors = AnchorStore(max_bs, self.config.hidden_size, self.dtype, self.device)
-                self.proposer.anchors = self.anchors
+                self.last_tokens = LastTokenStore(max_bs, self.config.hidden_size, self.dtype, self.device)
+                self.proposer.last_tokens = self.last_tokens
         # Outside the region: the pool's small pointer tables must survive a memory-saver release
         # (its K/V buffers are the store's, inside it).
         self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)

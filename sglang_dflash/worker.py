@@ -155,7 +155,7 @@ class DFlashWorker(BaseSpecWorker):
             switched_off=not self.knobs.deferred_injection,
             offloads=_offloads_draft_kv(),
             disaggregation=str(get_disagg().disaggregation_mode),
-            anchors=isinstance(self.runtime.proposer, LiLiCorrProposer),
+            last_tokens=isinstance(self.runtime.proposer, LiLiCorrProposer),
         )
         # Steps at W = 1 queue their tokens' features for one bulk injection; None: inject each step.
         self.deferred = None if self._why_not_deferred else DeferredInjection(self.runtime.inject)
@@ -321,7 +321,7 @@ class DFlashWorker(BaseSpecWorker):
                 self.deferred.take_flush_seconds()  # an extend's interval is not measured anyway
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
             last_rows = None
-            if self.runtime.anchors is not None:  # each request's last new token
+            if self.runtime.last_tokens is not None:  # each request's last new token
                 last_rows = extend_last_rows(batch.extend_lens, self.device)
             self.runtime.inject(
                 logits_output.hidden_states, positions, batch.out_cache_loc, last_rows, batch.req_pool_indices
@@ -428,7 +428,7 @@ class DFlashWorker(BaseSpecWorker):
                 committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
                 slots = torch.where(committed, verify_slots, 0).view(-1)  # [bs*W]
                 last_rows = None
-                if self.runtime.anchors is not None:  # row b*W + commit_len - 1: the new last token
+                if self.runtime.last_tokens is not None:  # row b*W + commit_len - 1: the new last token
                     last_rows = torch.arange(bs, device=self.device) * width + commit_lens - 1
                 if width == 1 and self.deferred is not None:  # no draft reads it before a flush
                     self.deferred.push(logits_output.hidden_states, positions.reshape(-1), slots)

@@ -78,18 +78,18 @@ class DeferredInjection:
 
 
 def why_not_deferred(
-    *, switched_off: bool, offloads: bool, disaggregation: str, anchors: bool
+    *, switched_off: bool, offloads: bool, disaggregation: str, last_tokens: bool
 ) -> Optional[str]:
     """None if steps at W = 1 may defer their injection, else why not (for the start-up line).
     `offloads`: HiCache (or a host pool) backs cached slots up between steps; `disaggregation`:
-    SGLang's mode ("null" when not PD); `anchors`: the draft keeps the last committed token's
-    features per request (LiLiCorr)."""
+    SGLang's mode ("null" when not PD); `last_tokens`: the draft keeps the context feature of
+    each request's last committed token (LiLiCorr's `LastTokenStore`), which a step reads."""
     if switched_off:
         return "SGLANG_DFLASH_DEFERRED_INJECTION=0"
     if offloads:
         return "the hierarchical cache backs slots up between steps"
     if disaggregation != "null":
         return f"a PD {disaggregation} engine"
-    if anchors:
-        return "the draft reads each request's last committed token (anchors)"
+    if last_tokens:
+        return "the draft reads each request's last committed token (LiLiCorr's last-token store)"
     return None

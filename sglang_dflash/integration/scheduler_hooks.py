@@ -204,8 +204,8 @@ def _add_speculative_state(original, self, state):
         if runtime is not None:  # how this draft's family proposes (`propose/proposers.py`)
             state["dflash_proposals"] = runtime.proposer.name
             state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
-            if runtime.anchors is not None:  # LiLiCorr: a missing anchor costs acceptance
-                state["dflash_lilicorr_anchors"] = runtime.anchors.describe()
+            if runtime.last_tokens is not None:  # LiLiCorr: a missing last-token feature costs acceptance
+                state["dflash_lilicorr_last_tokens"] = runtime.last_tokens.describe()
         window = getattr(worker, "grammar_window", None)
         if window is not None and window.propose:  # a proposal the draft did not rank costs acceptance
             state["dflash_grammar_proposals"] = describe_choices(window)

@@ -14,8 +14,9 @@ e = 1..W-1 of the window:
   then `num_layers` pre-norm transformer layers over all (W-1)*K vectors of a request at once,
   their attention biased by a learned bias per head and relative slot offset (plus one for the
   same slot), and `output_norm`;
-  a               the anchor: anchor_norm(context_proj(f)), f the context feature of the request's
-                  last committed token (`AnchorStore`; zero when unknown);
+  a               anchor_norm(context_proj(f)), f the context feature of the request's last
+                  committed token (`LastTokenStore`; zero when unknown; SGLang, as the weights'
+                  names, calls it the anchor);
   g[e, c]         silu(factor_input_proj([x, a, x * a])), then unit vectors
                   out[e, c] = normalize(out_head(g)), in[e, c] = normalize(in_head(g));
   scores          start[c]        = s * < normalize(anchor_out_head(a)), in[1, c] >,
@@ -148,12 +149,13 @@ class LiLiCorrHead(nn.Module):
         token_embeddings: torch.Tensor,
         log_probs: torch.Tensor,
         hidden: torch.Tensor,
-        anchor: torch.Tensor,
-        anchor_valid: torch.Tensor,
+        last_feature: torch.Tensor,
+        last_known: torch.Tensor,
     ) -> torch.Tensor:
         """token_embeddings [bs, E, K, H] (the target's embedding of the candidates), log_probs
-        [bs, E, K] (sorted descending), hidden [bs, E, H] (the draft's at slots 1..E), anchor
-        [bs, H] (context features), anchor_valid [bs] bool -> scores [bs, E, K, K] float32: slot
+        [bs, E, K] (sorted descending), hidden [bs, E, H] (the draft's at slots 1..E),
+        last_feature [bs, H] (the context feature of each request's last committed token),
+        last_known [bs] bool -> scores [bs, E, K, K] float32: slot
         1's row 0 holds the start scores (every row, as `selector.walk` reads row 0 there), slot
         e > 1's row p the pair scores after candidate p of slot e-1."""
         bs, slots, k, _ = token_embeddings.shape
@@ -182,7 +184,7 @@ class LiLiCorrHead(nn.Module):
             x = layer(x, bias)
         x = self.output_norm(x).reshape(bs, slots, k, -1)
 
-        a = self.context_proj(anchor.to(dtype)) * anchor_valid[:, None].to(dtype)  # zero if unknown
+        a = self.context_proj(last_feature.to(dtype)) * last_known[:, None].to(dtype)  # zero if unknown
         a = self.anchor_norm(a)[:, None, None]  # [bs, 1, 1, h]
         w = self.factor_input_proj.weight  # [h, 3h] over [x, a, x * a]
         width = x.shape[-1]
@@ -191,15 +193,15 @@ class LiLiCorrHead(nn.Module):
         g = F.silu(pre)
         out_vec = F.normalize(self.out_head(g), dim=-1, eps=self.vector_eps)  # [bs, E, K, r]
         in_vec = F.normalize(self.in_head(g), dim=-1, eps=self.vector_eps)
-        anchor_out = F.normalize(self.anchor_out_head(a[:, 0, 0]), dim=-1, eps=self.vector_eps)  # [bs, r]
+        start_vec = F.normalize(self.anchor_out_head(a[:, 0, 0]), dim=-1, eps=self.vector_eps)  # [bs, r]
 
-        start = (anchor_out[:, None] * in_vec[:, 0]).sum(-1)  # [bs, K]
+        start = (start_vec[:, None] * in_vec[:, 0]).sum(-1)  # [bs, K]
         pair = out_vec[:, :-1] @ in_vec[:, 1:].transpose(-1, -2)  # [bs, E-1, K, K]
         scores = torch.cat([start[:, None, None].expand(bs, 1, k, k), pair], dim=1)
         return self.logit_scale * scores.float()
 
 
-class AnchorStore:
+class LastTokenStore:
     """Per request slot (`req_pool_idx`): the context feature of the request's last committed
     token, and the target KV slot that token occupies. The one owner of LiLiCorr's state across
     steps.
@@ -208,14 +210,14 @@ class AnchorStore:
     read at the draft step for the token just before the block. A row counts only if the KV slot
     recorded with it is the one that token occupies now: a row left by the request slot's
     previous owner, or a request whose context arrived without its features (a PD decode
-    engine's first step), reads as unknown (zeros, as SGLang scores an anchor it does not have).
+    engine's first step), reads as unknown (zeros, as SGLang scores a request without one).
     The feature is a function of the prefix up to that slot, so an equal slot is the same token.
     """
 
     def __init__(self, max_requests: int, hidden_size: int, dtype: torch.dtype, device):
         self.features = torch.zeros(max_requests, hidden_size, dtype=dtype, device=device)  # [R, H]
         self.slots = torch.full((max_requests,), -1, dtype=torch.int64, device=device)  # [R]
-        # [known, unknown] anchors read so far, on the device (read by `describe`, not per step):
+        # [known, unknown] features read so far, on the device (read by `describe`, not per step):
         # an unknown one costs acceptance, silently otherwise.
         self.counts = torch.zeros(2, dtype=torch.int64, device=device)
 
@@ -234,6 +236,6 @@ class AnchorStore:
         return self.features[rows], valid
 
     def describe(self) -> str:
-        """How many drafted requests had their anchor (host sync: for server info only)."""
+        """How many drafted requests had their last token's feature (host sync: for server info only)."""
         known, unknown = self.counts.tolist()
-        return f"{known} of {known + unknown} draft steps' requests had their anchor"
+        return f"{known} of {known + unknown} draft steps' requests had their last token's feature"

@@ -23,7 +23,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from sglang_dflash.propose import domino
-from sglang_dflash.propose.lilicorr import AnchorStore
+from sglang_dflash.propose.lilicorr import LastTokenStore
 from sglang_dflash.propose.selector import unary_logits, walk
 from sglang_dflash.verify.q_sampling import DraftQ
 from sglang_dflash.verify.sampling import SamplingRows, seeded_uniforms
@@ -45,7 +45,7 @@ class Proposals:
 class ProposalInputs:
     """What a step knows besides the hidden states."""
 
-    anchor: torch.Tensor  # [bs] the bonus tokens: the block's first ids
+    bonus: torch.Tensor  # [bs] the bonus tokens: the block's first ids
     positions: torch.Tensor  # [bs, W] the window's absolute positions
     sampling_info: Any = None  # SGLang's SamplingBatchInfo; None: every request greedy
     grammar_rows: Optional[list[bool]] = None  # per request; None: no grammar in the batch
@@ -53,7 +53,7 @@ class ProposalInputs:
     # (W < Bd); Domino's candidate pool spans the block, as SGLang's. None: the window is the block.
     block_hidden: Optional[torch.Tensor] = None
     # SGLang's request-to-slot table and the batch's rows in it: where LiLiCorr finds each
-    # request's last committed token (`lilicorr.AnchorStore`). None: unknown (the warm-up step).
+    # request's last committed token (`lilicorr.LastTokenStore`). None: unknown (the warm-up step).
     req_to_token: Optional[torch.Tensor] = None
     req_pool_indices: Optional[torch.Tensor] = None
 
@@ -103,7 +103,7 @@ class SelectorProposer:
         hidden = hidden[:, 1:]  # [bs, W-1, H]
         values, candidate_ids = self.head.topk(hidden, self.top_k)  # [bs, W-1, K] x2
         unary = unary_logits(values, self.multiplier, self.softcap)
-        scores = self.selector.lattice(candidate_ids, unary, hidden, inputs.anchor)  # [bs, W-1, K, K]
+        scores = self.selector.lattice(candidate_ids, unary, hidden, inputs.bonus)  # [bs, W-1, K, K]
         return _walked(candidate_ids, scores, hidden, inputs, self.head)
 
 
@@ -154,8 +154,8 @@ def _candidate_logits(candidate_ids, scores, tokens, vocab_size: int) -> torch.T
     previous = torch.cat([torch.zeros_like(tokens[:, :1]), tokens[:, :-1]], dim=1)  # unused at e=0
     # The walk's predecessor index at each slot: where the previous pick sits among e-1's candidates.
     index = (candidate_ids[:, :-1] == previous[:, 1:, None]).float().argmax(dim=-1)  # [bs, E-1]
-    anchor_row = torch.zeros(bs, 1, dtype=index.dtype, device=index.device)
-    index = torch.cat([anchor_row, index], dim=1)  # [bs, E]; slot 0: the anchor's row
+    bonus_row = torch.zeros(bs, 1, dtype=index.dtype, device=index.device)
+    index = torch.cat([bonus_row, index], dim=1)  # [bs, E]; slot 0: the row given the bonus token
     rows = scores.gather(2, index[:, :, None, None].expand(bs, slots, 1, k))[:, :, 0]  # [bs, E, K]
     logits = torch.full((bs, slots, vocab_size), float("-inf"), device=scores.device)
     return logits.scatter_(2, candidate_ids, rows)
@@ -163,8 +163,8 @@ def _candidate_logits(candidate_ids, scores, tokens, vocab_size: int) -> torch.T
 
 class LiLiCorrProposer:
     """LiLiCorr: the target head's top-K candidates per slot with their log-probabilities over the
-    whole vocabulary, rescored by the head's lattice given each request's anchor (the context
-    feature of its last committed token), and walked as DFlash2's: greedily for greedy requests,
+    whole vocabulary, rescored by the head's lattice given the context feature of each request's
+    last committed token (`LastTokenStore`), and walked as DFlash2's: greedily for greedy requests,
     sampled with q for the others (`sampled_walks`; SGLang's built-in walks greedily unless
     SGLANG_ENABLE_LILICORR_SAMPLING=1, which our exact verify does not need to ask for)."""
 
@@ -172,7 +172,7 @@ class LiLiCorrProposer:
         self.lilicorr = lilicorr  # lilicorr.LiLiCorrHead
         self.head = head
         self.sampled_walks = sampled_walks
-        self.anchors: Optional[AnchorStore] = None  # the runtime's, once SGLang's pools exist
+        self.last_tokens: Optional[LastTokenStore] = None  # the runtime's, once SGLang's pools exist
         walks = (
             "greedy and sampled walks" if sampled_walks else "greedy walks: SGLANG_ENABLE_LILICORR_SAMPLING=0"
         )
@@ -184,13 +184,14 @@ class LiLiCorrProposer:
         log_probs, candidate_ids = self.head.topk_log_probs(hidden, k)  # [bs, W-1, K] x2
         # The target's embedding of every candidate (whole on every rank under TP).
         embeddings = self.head.embedding(candidate_ids.reshape(-1)).view(bs, slots, k, -1)
-        if self.anchors is not None and inputs.req_to_token is not None:
+        if self.last_tokens is not None and inputs.req_to_token is not None:
             rows = inputs.req_pool_indices.to(torch.int64)  # the token before the block: seq_len - 1
-            anchor, valid = self.anchors.read(rows, inputs.req_to_token[rows, inputs.positions[:, 0] - 1])
-        else:  # unknown (the warm-up step): scored as SGLang scores a missing anchor
-            anchor = hidden.new_zeros(bs, hidden.shape[-1])
-            valid = torch.zeros(bs, dtype=torch.bool, device=hidden.device)
-        scores = self.lilicorr.lattice(embeddings, log_probs, hidden, anchor, valid)  # [bs, W-1, K, K]
+            last_slots = inputs.req_to_token[rows, inputs.positions[:, 0] - 1]
+            last_feature, known = self.last_tokens.read(rows, last_slots)
+        else:  # unknown (the warm-up step): scored as SGLang scores a request without one
+            last_feature = hidden.new_zeros(bs, hidden.shape[-1])
+            known = torch.zeros(bs, dtype=torch.bool, device=hidden.device)
+        scores = self.lilicorr.lattice(embeddings, log_probs, hidden, last_feature, known)  # [bs, W-1, K, K]
         return _walked(candidate_ids, scores, hidden, inputs, self.head, self.sampled_walks)
 
 
@@ -221,7 +222,7 @@ class DominoProposer:
         tokens, scores = domino.rollout(
             base[:, :slots],
             z[:, :slots],
-            inputs.anchor,
+            inputs.bonus,
             self.head.embed,
             self.gru,
             self.embed_proj,

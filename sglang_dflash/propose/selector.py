@@ -8,11 +8,11 @@ e = 1..W-1 of the window:
                  unary[e] = their logits x `output_multiplier`, soft-capped by
                  `final_logit_softcapping` (c * tanh(x / c)) when it is > 0;
   score[e, p, c] = unary[e, c] + < A[pred_p] * (P h_e), B[candidates[e, c]] >
-                 where pred_p is candidate p of slot e-1, or the anchor (the bonus token) for
-                 slot 1; A = `predecessor_codebook` [V, r], B = `successor_codebook` [V, r],
+                 where pred_p is candidate p of slot e-1, or the bonus token for slot 1;
+                 A = `predecessor_codebook` [V, r], B = `successor_codebook` [V, r],
                  P = `hidden_projection` [r, H].
 
-The walk picks slot 1's candidate from score[1, anchor], then each next slot's from the row of
+The walk picks slot 1's candidate from score[1, bonus], then each next slot's from the row of
 the candidate picked before it: the argmax for greedy requests, else a draw from
 softmax(score / T) at the request's temperature T (no top-k or top-p on the draft's side). q, the
 draft distribution over slot e's candidates given the walk so far, goes to the verify, which
@@ -41,13 +41,13 @@ class CandidateSelector(nn.Module):
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
 
     def lattice(
-        self, candidate_ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor
+        self, candidate_ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor, bonus: torch.Tensor
     ) -> torch.Tensor:
-        """candidate_ids [bs, E, K], unary [bs, E, K] float32, hidden [bs, E, H], anchor [bs]
+        """candidate_ids [bs, E, K], unary [bs, E, K] float32, hidden [bs, E, H], bonus [bs]
         -> score [bs, E, K (predecessor), K (candidate)] float32."""
         bs, _, k = candidate_ids.shape
-        # Slot 1's predecessors are the anchor, repeated K times; slot e's the candidates of e-1.
-        predecessor_ids = torch.cat([anchor.reshape(bs, 1, 1).expand(bs, 1, k), candidate_ids[:, :-1]], dim=1)
+        # Slot 1's predecessors are the bonus token, repeated K times; slot e's the candidates of e-1.
+        predecessor_ids = torch.cat([bonus.reshape(bs, 1, 1).expand(bs, 1, k), candidate_ids[:, :-1]], dim=1)
         return unary[:, :, None, :] + self.pair(predecessor_ids, candidate_ids, hidden)
 
     def pair(
@@ -93,7 +93,7 @@ def walk(
     temps = temperatures.float().reshape(bs, 1)
     rows = torch.arange(bs, device=scores.device)
     picks, qs = [], []
-    row_scores = scores[:, 0, 0]  # [bs, K]: slot 1 given the anchor
+    row_scores = scores[:, 0, 0]  # [bs, K]: slot 1 given the bonus token
     for e in range(slots):
         if e > 0:
             row_scores = scores[rows, e, picks[-1]]  # [bs, K]: given the candidate picked before

@@ -1,16 +1,17 @@
 """DFlash2's selector loss: the candidate selector trained on the lattice row the walk reads.
 
 Serving (`propose/selector.py`) walks, for slot e = 1..B-1 of a block, the row of the lattice
-given the token picked at slot e-1 (the anchor for slot 1), over the top-K candidates of the
+given the token picked at slot e-1 (the bonus token for slot 1), over the top-K candidates of the
 target's head on the draft's hidden state h_e:
 
     score[c] = unary[c] + < A[pred] * (P h_e), B[cand_c] >
 
-Training teacher-forces the walk: slot e's predecessor is the gold token of slot e-1 (the anchor
-for slot 1), which is the walk's own pick wherever the walk is still accepted. Its loss is the
-cross-entropy of that row against the gold token's candidate, weighted by the block position's
-w_k as the head's loss is. Where the gold token is not among the top K it is inserted in place of
-the K-th candidate, so every labelled slot trains the codebooks (`insert_gold`).
+Training teacher-forces the walk: slot e's predecessor is the gold token of slot e-1 (for slot 1
+the block's first token, the one at its anchor), which is the walk's own pick wherever the walk
+is still accepted. Its loss is the cross-entropy of that row against the gold token's candidate,
+weighted by the block position's w_k as the head's loss is. Where the gold token is not among
+the top K it is inserted in place of the K-th candidate, so every labelled slot trains the
+codebooks (`insert_gold`).
 
 Metrics, per labelled slot: `candidate_recall`, the share whose gold token is among the strict
 top K (none of the walk's picks can be right where it is not), and the walk's hits: gold among
@@ -79,8 +80,9 @@ class SelectorLoss:
         lm_head_weight: torch.Tensor,
     ) -> SelectorTerms:
         """rows [M, H]: the draft's hidden states at the labelled slots; gold [M] their labels;
-        predecessors [M] the gold token of each slot's previous slot (the anchor for slot 1);
-        candidates [M, K] the top K of the target's head on `rows` (`objective.head_loss`); w [M].
+        predecessors [M] the gold token of each slot's previous slot (for slot 1 the token at the
+        block's anchor); candidates [M, K] the top K of the target's head on `rows`
+        (`objective.head_loss`); w [M].
 
         With `stop_gradient` the loss reaches the selector only, not the draft's layers (the
         rows, and so the unary logits, are detached)."""

@@ -81,7 +81,7 @@ def speculative_generate(
             rows = torch.arange(start, start + drafted, device=device)
             embeds = target.get_input_embeddings()(drafted_ids)
             hidden = draft(embeds, rows, _attend(draft, k_ctx, v_ctx, rows))
-            inputs = ProposalInputs(anchor=block[:1], positions=positions[None])
+            inputs = ProposalInputs(bonus=block[:1], positions=positions[None])
             block[1:] = propose(hidden[None, :width], inputs).tokens[0]
         out = target(block[None], past_key_values=cache, use_cache=True, output_hidden_states=True)
         posterior = out.logits[0].argmax(-1)  # [width]
