@@ -149,7 +149,7 @@ NOT_SERVED = {
     "zstandard": "compressed request bodies",
 }
 
-# The GPU machine's image (../.library/device/KINDS.md, read 2026-11-17): packages already there.
+# The GPU machine's image, as read on 2026-11-17: packages already there.
 GPU_MACHINE_HAS = frozenset(
     """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
     botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy

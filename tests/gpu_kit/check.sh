@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU path on a machine with a CUDA PyTorch and nvcc, and no SGLang (docs/gpu.md, "Checking
-# the GPU path"): build sglang_dflash._C with the local nvcc, run every GPU test, then the GPU benchmarks.
+# The GPU path on a machine with a CUDA PyTorch and nvcc, and no SGLang (tests/gpu_kit/README.md,
+# "Checking the GPU path without SGLang"): build sglang_dflash._C with the local nvcc, run every
+# GPU test, then the GPU benchmarks.
 # Every step runs even when an earlier one fails; a summary follows, and the exit status is
 # non-zero if any step failed.
 #

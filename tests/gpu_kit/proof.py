@@ -88,7 +88,7 @@ REPORT_MARGIN = 10.0  # seconds kept at the end for the last report
 RESULTS_ARCHIVE = "gpu-proof-results.tar.gz"  # in --out: results.json/csv, server and step logs
 
 # Expected seconds, per device: what a step is allowed to start with. The CUDA ones were
-# measured on an H100 (2026-11-26, docs/gpu-serving.md "Time plan"), rounded up.
+# measured on an H100 (2026-11-26, tests/gpu_kit/README.md, "Time plan"), rounded up.
 ESTIMATES = {
     "cuda": {
         "unpack": 15,  # measured 9-10 s

@@ -43,7 +43,7 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, REPO)
 from tests.gpu_kit.serve.families import BY_NAME, MLA_AS_PUBLISHED  # noqa: E402
 
-TRITON_VERSION = "3.6.0"  # the GPU machine's (docs/gpu.md, "The machine")
+TRITON_VERSION = "3.6.0"  # the GPU machine's (tests/gpu_kit/README.md, "The machine")
 TARGET = ("cuda", 90, 32)  # backend, compute capability, warp size: H100 and H200
 # What an H200 reports, for the wrappers that size grids or blocks from the device.
 H200 = dict(

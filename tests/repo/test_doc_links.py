@@ -1,4 +1,5 @@
-"""Every relative link in README.md and docs/ resolves: the file exists and a named anchor is a heading.
+"""Every relative link in README.md, docs/ and tests/gpu_kit/README.md resolves: the file exists and a
+named anchor is a heading.
 
 Pure Python, no SGLang. Links are `[text](target)` and `![alt](target)` outside fenced code blocks and
 inline code; http(s) and mailto links are not checked. Anchors follow GitHub's heading slugs.
@@ -24,7 +25,8 @@ EXTERNAL = ("http://", "https://", "mailto:")
 
 
 def markdown_files():
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    kit = ROOT / "tests" / "gpu_kit" / "README.md"  # the GPU test machine's guide, for maintainers
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md")), kit]
 
 
 def blank_fenced_code(text):
@@ -156,7 +158,7 @@ def test_doc_links_resolve():
     files = markdown_files()
     assert len(files) > 1 and sum(1 for f in files for _ in links(f.read_text(encoding="utf-8"))) > 20
     broken = broken_links(files)
-    assert not broken, "broken links in README.md or docs/:\n" + "\n".join(broken)
+    assert not broken, "broken links in README.md, docs/ or tests/gpu_kit/README.md:\n" + "\n".join(broken)
 
 
 def test_docs_named_in_code_exist():

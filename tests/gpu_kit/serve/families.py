@@ -23,7 +23,7 @@ path, and the target is peaked, so its greedy choices are far from ties. The see
 `tests/engine/test_target_classes.py`, `test_target_shapes.py` and `test_hybrid_targets.py` serve on
 CPU; the favours are those too where they give an acceptance above 1.5 on the matrix's prompts,
 else raised until they did (the favoured token then takes half to 85% of the greedy choices;
-the table in docs/gpu.md, "Every target family", was measured on CPU with these).
+the table in tests/gpu_kit/README.md, "Every target family", was measured on CPU with these).
 
 `nearties` measures, before any GPU, how often a family's greedy choices on the matrix's prompts
 are near-ties in bf16 (`near_ties`): where they are, the plain engine and DFLASH may part by

@@ -67,7 +67,8 @@ SAMPLED = {"temperature": 1.0, "top_k": 16, "max_new_tokens": 4, "ignore_eos": T
 # several token paths spell one text); a greedy and sampled requests under it.
 GRAMMAR = "[a-h]{2,3}"
 CONSTRAINED = {"temperature": 1.0, "max_new_tokens": 4, "regex": GRAMMAR}
-# What the kit passes on CUDA (docs/gpu.md, "Serving on a GPU"); CPU runs use SGLang's CPU engine.
+# What the kit passes on CUDA (tests/gpu_kit/README.md, "What the kit changes"); CPU runs use
+# SGLang's CPU engine.
 CUDA_ARGS = dict(
     attention_backend="flashinfer",
     cuda_graph_backend_prefill="disabled",
