@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    """Tiny seeded checkpoints, built once per session (see tests/support/tiny_models.py)."""
-    from tests.support import tiny_models
+    """Tiny seeded checkpoints, built once per session (see tests/support/tiny/)."""
+    from tests.support.tiny import TinyModels
 
-    return tiny_models.TinyModels(tmp_path_factory.mktemp("models"))
+    return TinyModels(tmp_path_factory.mktemp("models"))

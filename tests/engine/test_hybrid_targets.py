@@ -1,6 +1,6 @@
 """Hybrid linear-attention targets on SGLang's CPU engine: Qwen3-Next (MoE), Qwen3.5 (dense),
 Qwen3.5-MoE and the Qwen3.5 multimodal wrappers (dense and MoE) serving text, tiny and random
-(tests/support/tiny_models.py), served with the CPU stand-ins for the Gated DeltaNet ops
+(tests/support/tiny/hybrid.py), served with the CPU stand-ins for the Gated DeltaNet ops
 (sglang_dflash/cpu/).
 
 * The non-speculative engine against Hugging Face transformers' own forward: greedy ids

@@ -2,7 +2,7 @@
 
 Matrix: 16 prompts x batch sizes {1, 4, 16} (and one batch of 32): verify width B in {4, 16} with
 overlap scheduling on and 8 with it off on one target/draft shape, B 8 with it on on another (see
-tests/support/tiny_models.py).
+tests/support/tiny/__init__.py).
 """
 
 import pytest

@@ -20,7 +20,7 @@ from tests.support import engines
 from tests.support.favoured_targets import favoured_target
 from tests.support.sampled_requests import FILTERED, N_SAMPLES, PROMPT, SEEDED
 from tests.support.stats import ALPHA, homogeneity_pvalue
-from tests.support.tiny_models import add_selector
+from tests.support.tiny import add_selector
 
 pytestmark = pytest.mark.sglang
 

@@ -88,11 +88,10 @@ import pytest
 import torch
 
 from tests.support import engines
-from tests.support.tiny_models import (
+from tests.support.tiny import (
     TEXT_SHAPE_A,
     VL_TOKENS,
     BeamReference,
-    _edit_json,
     llama4_interleaved,
     make_beam_target,
     make_cosmos3_target,
@@ -106,6 +105,7 @@ from tests.support.tiny_models import (
     teleflm_folded,
     transformers_copy,
 )
+from tests.support.tiny.qwen3 import _edit_json
 
 pytestmark = pytest.mark.sglang
 

@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 
-from tests.support import engines, tiny_models
+from tests.support import engines
+from tests.support.tiny import DRAFTS, make_draft
 
 
 def _fold(draft: str, out: str, layer_ids: list[int]) -> str:
@@ -51,9 +52,9 @@ def _serve(target, draft, trace):
 @pytest.mark.sglang
 def test_a_draft_listing_a_layer_twice_out_of_order_proposes_as_its_folded_equivalent(tiny, tmp_path):
     layer_ids = [2, 1, 2]
-    spec = dict(tiny_models.DRAFTS["a"], num_layers=2, target_layer_ids=layer_ids, seed=31)
+    spec = dict(DRAFTS["a"], num_layers=2, target_layer_ids=layer_ids, seed=31)
     spec.pop("target")
-    draft = tiny_models.make_draft(str(tmp_path / "draft"), **spec)
+    draft = make_draft(str(tmp_path / "draft"), **spec)
     folded = _fold(draft, str(tmp_path / "folded"), layer_ids)
     target = tiny.target("a")
     outputs, proposals = _serve(target, draft, tmp_path / "draft.jsonl")

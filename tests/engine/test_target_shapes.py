@@ -31,7 +31,7 @@ import pytest
 
 from tests.support import engines
 from tests.support.favoured_targets import favoured_target
-from tests.support.tiny_models import (
+from tests.support.tiny import (
     add_domino,
     add_laguna,
     add_lilicorr,
@@ -125,7 +125,7 @@ def _save_mask_embedding(target: str, draft: str) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from tests.support.tiny_models import MASK_ID
+    from tests.support.tiny import MASK_ID
 
     (weights,) = glob.glob(os.path.join(target, "*.safetensors"))
     row = load_file(weights)["model.embed_tokens.weight"][MASK_ID].float()

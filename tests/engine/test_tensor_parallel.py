@@ -14,7 +14,7 @@ from tests.support.sampled_requests import FILTERED as SAMPLED
 from tests.support.sampled_requests import N_SAMPLES, SEEDED
 from tests.support.sampled_requests import PROMPT as SAMPLE_PROMPT
 from tests.support.stats import ALPHA, homogeneity_pvalue
-from tests.support.tiny_models import add_selector
+from tests.support.tiny import add_selector
 
 pytestmark = pytest.mark.sglang
 

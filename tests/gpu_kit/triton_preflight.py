@@ -193,7 +193,7 @@ def compile_only(all_configs: bool, version: str = TRITON_VERSION) -> Compiled:
 
 
 # ---- the cases: SGLang's wrappers at the matrix families' shapes ---------------------------------
-# The families' targets (tests/gpu_kit/serve/families.py, shaped like tests/support/tiny_models.py's target
+# The families' targets (tests/gpu_kit/serve/families.py, shaped like tests/support/tiny/qwen3.py's target
 # "a"): hidden 64, 4 query / 2 KV heads of 16 (Qwen3-MoE's of 64), windows of 8 (SGLang passes
 # 7), MLA with the published latent (families.MLA_AS_PUBLISHED) and nope 32; 4 experts, top 2,
 # experts' width 32, DeepSeek's routed scaling 2.5; Gated DeltaNet with 2 key / 4 value heads of
@@ -204,7 +204,7 @@ CASES: dict[str, Callable] = {}
 HQ, HKV, D, WINDOW = 4, 2, 16, 7
 QWEN3_MOE_D = BY_NAME["qwen3_moe"].head_dim  # 64: see families.py
 MLA_LORA, MLA_ROPE = MLA_AS_PUBLISHED["kv_lora_rank"], MLA_AS_PUBLISHED["qk_rope_head_dim"]
-MLA_NOPE = 32  # tests/support/tiny_models.py's MLA_SHAPE
+MLA_NOPE = 32  # tests/support/tiny/families.py's MLA_SHAPE
 EXPERTS, TOPK, HIDDEN, EXPERT_WIDTH = 4, 2, 64, 32
 GDN_H, GDN_HV, GDN_D, CONV = 2, 4, 16, 4
 POOL = 64  # KV pool slots

@@ -100,7 +100,7 @@ def test_tests_importing_support_are_allowed(tmp_path):
         tmp_path,
         {
             "tests/unit/test_a.py": "from tests.support import engines\nfrom tests.gpu_kit import proof\n",
-            "tests/gpu_kit/x.py": "from tests.support.tiny_models import make_draft\n",
+            "tests/gpu_kit/x.py": "from tests.support.tiny import make_draft\n",
         },
     )
     assert violations(root) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tests.support.tiny_models import make_family_target
+from tests.support.tiny import make_family_target
 
 # Tiny targets: family -> (seed, favour), chosen so that the favoured token is about half of
 # the greedy choices (see `make_family_target`); the draft then proposes it and is often right.

@@ -15,7 +15,7 @@ against our DFLASH, greedy, at batch 1, all prompts together, then a prefix-cach
 the family's engine arguments; for the draft families and the float32 one, with `--samples`,
 then sampled requests (a chi-square against the plain engine's) and requests under a grammar.
 
-Each family is a tiny seeded target of that SGLang class (`tests/support/tiny_models.py`: shaped like
+Each family is a tiny seeded target of that SGLang class (`tests/support/tiny/families.py`: shaped like
 target "a", hidden 64, 4 layers, vocab 384) whose embedding and LM head favour one token, so the
 untrained draft "a" (one layer, block 16) proposes it and is often right: its proposals are
 accepted (about 1.5 to 3 tokens a step on CPU), so the comparison runs the multi-token accept
@@ -49,7 +49,7 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."
 sys.path.insert(0, REPO)
 
 
-DRAFT = "a"  # tests/support/tiny_models.py DRAFTS: every family pairs with it
+DRAFT = "a"  # tests/support/tiny/__init__.py DRAFTS: every family pairs with it
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Family:
     draft: str = DRAFT  # draft "a", or a variant built from it (`draft_variant`)
     dflash_args: dict = field(default_factory=dict)  # the DFLASH engine's only
     sampled: bool = False  # `run --samples` adds lossless.py's sampled and grammar requests
-    mla: Optional[dict] = None  # the MLA targets' ranks, over tests/support/tiny_models.py's MLA_SHAPE
+    mla: Optional[dict] = None  # the MLA targets' ranks, over tests/support/tiny/families.py's MLA_SHAPE
     head_dim: Optional[int] = None  # over target "a"'s 16
 
     def engine_args(self, device: str) -> dict:
@@ -146,13 +146,13 @@ BY_NAME = {f.name: f for f in FAMILIES + DRAFT_FAMILIES}
 
 
 def builders() -> dict[str, Callable]:
-    from tests.support.tiny_models import make_family_target, make_hybrid_target
+    from tests.support.tiny import make_family_target, make_hybrid_target
 
     return {"family": make_family_target, "hybrid": make_hybrid_target}
 
 
 def draft_spec() -> dict:
-    from tests.support.tiny_models import DRAFTS
+    from tests.support.tiny import DRAFTS
 
     spec = dict(DRAFTS[DRAFT])
     spec.pop("target")
@@ -160,15 +160,15 @@ def draft_spec() -> dict:
 
 
 def draft_variant(path: str, variant: str) -> None:
-    """Draft "a" at `path` made a draft of family `variant`, in place (tests/support/tiny_models.py)."""
-    from tests.support import tiny_models
+    """Draft "a" at `path` made a draft of family `variant`, in place (tests/support/tiny/drafts.py)."""
+    from tests.support.tiny import add_domino, add_laguna, add_selector
 
     if variant == "dflash2":
-        tiny_models.add_selector(path)
+        add_selector(path)
     elif variant == "domino":
-        tiny_models.add_domino(path, scale=1.0)
+        add_domino(path, scale=1.0)
     elif variant == "laguna":
-        tiny_models.add_laguna(path, gate_scale=1.0)
+        add_laguna(path, gate_scale=1.0)
     elif variant == "mimo_sinks":
         add_sinks(path)
     elif variant != DRAFT:
@@ -201,7 +201,7 @@ def add_sinks(path: str, seed: int = 1) -> None:
 
 def build_draft(path: str, variant: str) -> None:
     """Draft "a" at `path`, made a draft of family `variant`."""
-    from tests.support.tiny_models import make_draft
+    from tests.support.tiny import make_draft
 
     make_draft(path, **draft_spec())
     draft_variant(path, variant)

@@ -2,7 +2,7 @@
 
     python -m tests.gpu_kit.serve.models OUT
 
-* `OUT/tiny-target`, `OUT/tiny-draft`: seeded random weights (tests/support/tiny_models.py) with
+* `OUT/tiny-target`, `OUT/tiny-draft`: seeded random weights (tests/support/tiny/) with
   head_dim 128 in bf16, the attention shape of the race's models, so the lossless step also
   JIT-compiles FlashInfer's kernels for the race. The draft has 2 layers on a 4-layer target
   and no target_layer_ids, so it takes z-lab's default [1, 1]: a repeated layer.
@@ -72,7 +72,7 @@ def tiny_target_config() -> dict:
 
 
 def tiny_draft_config() -> dict:
-    from tests.support.tiny_models import draft_config_dict
+    from tests.support.tiny import draft_config_dict
 
     return draft_config_dict(
         num_layers=TINY_DRAFT_LAYERS, block_size=16, num_target_layers=TINY_TARGET_LAYERS, **TINY
@@ -81,7 +81,7 @@ def tiny_draft_config() -> dict:
 
 def qwen3_8b_dflash() -> dict:
     """The DFlash draft for Qwen3-8B, block 16 (z-lab's config layout)."""
-    from tests.support.tiny_models import draft_config_dict
+    from tests.support.tiny import draft_config_dict
 
     config = draft_config_dict(
         hidden_size=4096,
@@ -108,7 +108,7 @@ def write_config(path: str, config: dict) -> str:
 
 
 def build(out: str) -> dict:
-    from tests.support.tiny_models import make_draft, make_target
+    from tests.support.tiny import make_draft, make_target
 
     paths = {
         name: os.path.join(out, name) for name in ("tiny-target", "tiny-draft", "qwen3-8b", "qwen3-8b-dflash")

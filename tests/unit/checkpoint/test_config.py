@@ -10,7 +10,7 @@ import re
 import pytest
 
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, build_target_layer_ids
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 
 def test_reference_default_layer_ids():
@@ -56,7 +56,7 @@ def tokenizer(tmp_path_factory):
     """The tiny targets' tokenizer: 384 tokens, mask_token "<|MASK|>" with id MASK_ID."""
     import transformers
 
-    from tests.support.tiny_models import make_tokenizer
+    from tests.support.tiny import make_tokenizer
 
     path = str(tmp_path_factory.mktemp("tokenizer"))
     make_tokenizer(path)

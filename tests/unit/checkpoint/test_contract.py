@@ -16,7 +16,7 @@ import torch
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 WAY_OUT = "SGLANG_DFLASH_IMPL=builtin"
 

@@ -1,9 +1,9 @@
 """fp8 and NVFP4 draft checkpoints, dequantised at load (`checkpoint/quantization.py`).
 
 Oracles: for fp8, the element rule W[n, k] = w[n, k] * s[n // bn, k // bk] (or one scale per
-tensor), applied by hand in `tiny_models.quantize_fp8` to a draft it quantizes; for NVFP4, SGLang's
+tensor), applied by hand in `tiny.quantize_fp8` to a draft it quantizes; for NVFP4, SGLang's
 own `dequantize_nvfp4` (layers/quantization/dequantization.py) of each stored weight, which
-`tiny_models.quantize_nvfp4` writes as ModelOpt does. The loaded draft's weights equal the oracle
+`tiny.quantize_nvfp4` writes as ModelOpt does. The loaded draft's weights equal the oracle
 exactly, and stay near the original weights (the format's rounding). The header check (for the
 launching process) names a missing or misshapen scale; every other quantization method, and a
 key the format's SGLang config does not read, is refused by name. The engine tests (greedy
@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.checkpoint.quantization import Fp8Weights, Nvfp4Weights, parse_quantization
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny_models import quantize_fp8, quantize_nvfp4
+from tests.support.tiny import quantize_fp8, quantize_nvfp4
 
 NUM_FEATURES = 1  # draft "a" reads one layer of its target
 

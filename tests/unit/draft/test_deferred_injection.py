@@ -10,7 +10,7 @@ from sglang_dflash import ops
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
 from sglang_dflash.draft.kv_store import DraftKVStore
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny_models import make_draft
+from tests.support.tiny import make_draft
 
 
 def _draft_and_store(tmp_path):

@@ -12,7 +12,7 @@ from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft.attention import SdpaDraftAttention
 from sglang_dflash.draft.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.draft.tensor_parallel import TensorParallel
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's resolution and budget functions
 

@@ -22,7 +22,7 @@ import torch
 
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's modules
 
@@ -186,7 +186,7 @@ def test_what_sglang_cannot_build_is_refused():
 def test_a_laguna_checkpoint_loads_its_norms_and_gates(tmp_path):
     from safetensors.torch import load_file
 
-    from tests.support.tiny_models import add_laguna, make_draft
+    from tests.support.tiny import add_laguna, make_draft
 
     path = add_laguna(make_draft(str(tmp_path / "draft")), gating="per-head")
     config = DFlashDraftConfig.from_pretrained(path)

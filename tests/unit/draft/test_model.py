@@ -20,7 +20,7 @@ from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft.attention import SdpaDraftAttention
 from sglang_dflash.draft.kv_store import DraftKVStore
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny_models import make_draft
+from tests.support.tiny import make_draft
 
 reference = pytest.importorskip(
     "dflash.model",

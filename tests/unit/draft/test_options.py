@@ -25,7 +25,7 @@ from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.draft.attention import SdpaDraftAttention
 from sglang_dflash.draft.kv_store import DraftKVStore
 from sglang_dflash.draft.model import DFlashDraftModel, RMSNorm
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's layers
 

@@ -22,7 +22,7 @@ from sglang_dflash.draft.target_features import (
     complete_inner_capture,
     target_depth,
 )
-from tests.support import tiny_models
+from tests.support.tiny import draft_config_dict
 
 H = 4
 
@@ -56,7 +56,7 @@ def test_the_gather_reads_a_packed_buffer_with_unwritten_chunks():
 
 
 def test_the_default_ids_of_a_two_layer_draft_on_a_four_layer_target_repeat_a_layer():
-    config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(num_layers=2, num_target_layers=4))
+    config = DFlashDraftConfig.from_dict(draft_config_dict(num_layers=2, num_target_layers=4))
     assert config.resolve_target_layer_ids(4) == (1, 1)
     assert captured_chunk_of([1, 1]) == (0, 0)
 
@@ -64,7 +64,7 @@ def test_the_default_ids_of_a_two_layer_draft_on_a_four_layer_target_repeat_a_la
 def test_the_last_layer_is_served_where_sglangs_class_captures_after_it():
     """Id L-1 (after the last layer): served when the target's class (or an ancestor) captures
     past its layer loop, refused by name otherwise."""
-    config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(target_layer_ids=[0, 3]))
+    config = DFlashDraftConfig.from_dict(draft_config_dict(target_layer_ids=[0, 3]))
 
     class GptOssForCausalLM:  # named as SGLang's
         pass
@@ -85,7 +85,7 @@ def test_the_last_layer_is_served_where_sglangs_class_captures_after_it():
     with pytest.raises(CheckpointError, match=r"out of range \[0, 2\] .*whose SGLang class captures past"):
         config.check_target(hidden_size=64, vocab_size=384, num_layers=4, after_last_layer=None)
     with pytest.raises(CheckpointError, match=r"has 4 at index 1, out of range \[0, 3\] for a target with 4"):
-        DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(target_layer_ids=[0, 4])).check_target(
+        DFlashDraftConfig.from_dict(draft_config_dict(target_layer_ids=[0, 4])).check_target(
             hidden_size=64, vocab_size=384, num_layers=4, after_last_layer="GptOssForCausalLM"
         )
 
@@ -98,7 +98,7 @@ def test_a_loop_models_layer_ids_count_its_unrolled_steps():
 
     assert target_depth(SimpleNamespace(num_hidden_layers=22, num_loops=2)) == 44
     assert target_depth(SimpleNamespace(num_hidden_layers=22)) == 22
-    config = DFlashDraftConfig.from_dict(tiny_models.draft_config_dict(num_layers=1))
+    config = DFlashDraftConfig.from_dict(draft_config_dict(num_layers=1))
     # SGLang's default ids for a one-layer draft: the middle of the unrolled depth.
     assert config.check_target(
         hidden_size=64,

@@ -14,7 +14,7 @@ from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree, vocab_parallel_argmax
 from tests.support.thread_group import ThreadGroup
-from tests.support.tiny_models import draft_config_dict
+from tests.support.tiny import draft_config_dict
 
 
 def _sharded_argmax(logits: torch.Tensor, size: int, width: int) -> list[torch.Tensor]:

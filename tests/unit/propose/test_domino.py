@@ -20,7 +20,7 @@ from torch import nn
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.propose.domino import PrefixGRU, embed_projector
 from sglang_dflash.propose.proposers import DominoProposer, ProposalInputs, proposer_for
-from tests.support.tiny_models import add_domino, draft_config_dict, make_draft
+from tests.support.tiny import add_domino, draft_config_dict, make_draft
 
 H, G, E, V, B, BS = 32, 16, 24, 200, 7, 4
 PROJECTOR = (

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang_dflash.propose.grammar import DRAFT_TOP_K, GrammarWindow, allows, describe_choices, walk_window
-from tests.support.tiny_models import EOS_ID
+from tests.support.tiny import EOS_ID
 
 VOCAB = 384
 REGEX = "(yes|no)-[0-9]{3}"

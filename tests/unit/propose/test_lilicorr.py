@@ -36,7 +36,7 @@ from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, pr
 from sglang_dflash.propose.selector import walk
 from tests.support.sampling_info import greedy_and_sampled
 from tests.support.thread_group import ThreadGroup
-from tests.support.tiny_models import (
+from tests.support.tiny import (
     LILICORR_FIELDS,
     add_lilicorr,
     draft_config_dict,

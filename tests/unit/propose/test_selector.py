@@ -149,7 +149,7 @@ def test_a_dflash2_checkpoint_loads_its_selector_and_gets_its_proposer(tmp_path)
     from sglang_dflash.checkpoint.config import DFlashDraftConfig
     from sglang_dflash.draft.model import DFlashDraftModel
     from sglang_dflash.propose.proposers import proposer_for
-    from tests.support.tiny_models import add_selector, make_draft
+    from tests.support.tiny import add_selector, make_draft
 
     path = add_selector(make_draft(str(tmp_path / "draft")), architecture="DFlash2BeamDraftModel")
     config = DFlashDraftConfig.from_pretrained(path)

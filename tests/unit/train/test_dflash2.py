@@ -171,7 +171,7 @@ def test_a_dflash2_run_exports_a_checkpoint_that_serves(tmp_path):
     from sglang_dflash.train.cli import config_from_args
     from sglang_dflash.train.loop import Trainer
     from sglang_dflash.train.served import HFHead
-    from tests.support.tiny_models import make_target
+    from tests.support.tiny import make_target
 
     target = make_target(str(tmp_path / "target"))
     with open(os.path.join(os.path.dirname(os.__file__), "json", "decoder.py")) as f:

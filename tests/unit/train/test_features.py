@@ -17,7 +17,7 @@ import torch
 
 from sglang_dflash.train import features
 from sglang_dflash.train.config import TrainConfigError
-from tests.support.tiny_models import make_target
+from tests.support.tiny import make_target
 
 ARGS = ["--max-length", "40", "--num-draft-layers", "1", "--block-size", "6", "--num-anchors", "6"]
 RUN = ["--batch-size", "1", "--grad-accum", "2", "--max-steps", "4", "--save-every", "0", "--seed", "1"]

@@ -26,7 +26,7 @@ import torch
 from sglang_dflash.train.checkpoint import checkpoint_dir
 from sglang_dflash.train.config import TrainConfig
 from tests.support import paths
-from tests.support.tiny_models import make_target
+from tests.support.tiny import make_target
 
 REPO = str(paths.REPO)
 STEPS, SAVE = 8, 4

@@ -38,7 +38,7 @@ from sglang_dflash.train.objective import (
 )
 from sglang_dflash.train.target import TargetOutput
 from tests.support import paths
-from tests.support.tiny_models import MASK_ID, make_draft, make_target
+from tests.support.tiny import MASK_ID, make_draft, make_target
 
 REPO = str(paths.REPO)
 JSON_SOURCES = os.path.join(os.path.dirname(os.__file__), "json")

@@ -57,7 +57,7 @@ def test_served_decoding_equals_the_reference_on_the_shipped_pair(monkeypatch):
 def test_the_trainer_logs_tau_served_and_warns_when_it_lags(tmp_path, caplog):
     from sglang_dflash.train.cli import config_from_args
     from sglang_dflash.train.loop import Trainer
-    from tests.support.tiny_models import make_target
+    from tests.support.tiny import make_target
 
     target = make_target(str(tmp_path / "target"))
     with open(os.path.join(os.path.dirname(os.__file__), "json", "decoder.py")) as f:
