@@ -9,7 +9,7 @@ draft whose proposals walk its candidate selector, "domino" a draft whose propos
 through Domino's projector over a candidate pool, and "laguna" a Laguna draft (gated attention,
 per-slice feature norms; the llama target's plain outputs are shared). The page16 shape's draft
 is a Nemotron-3.5 draft (its own token embedding and NVFP4 weights), and the window16 shape's a
-LiLiCorr draft whose proposals walk its head's lattice, with every request's anchor known at
+LiLiCorr draft whose proposals walk its head's lattice, with every request's last-token feature known at
 every step.
 On the MoE target, --enable-return-routed-experts returns the same experts for every token.
 
@@ -212,8 +212,8 @@ def test_greedy_matches_target(served, batch_size):
     )
     print(f"{shape} bs {batch_size}: mean acceptance {accepted:.2f}")
     if shape == "window16-lilicorr":  # each step scored every request with its last committed token's feature
-        known, _, total, *_ = state["dflash_lilicorr_anchors"].split()
-        assert known == total and int(total) > 0, state["dflash_lilicorr_anchors"]
+        known, _, total, *_ = state["dflash_lilicorr_last_tokens"].split()
+        assert known == total and int(total) > 0, state["dflash_lilicorr_last_tokens"]
         # Sampled requests walk the lattice by sampling, verified with its q (test_lilicorr.py).
         sampled = engine.generate(input_ids=PROMPTS[:8], sampling_params=dict(GREEDY, temperature=1.0))
         steps = sum(o["meta_info"]["spec_verify_ct"] for o in sampled)

@@ -69,9 +69,9 @@ def test_a_push_larger_than_the_queue_is_injected_at_once():
 
 
 def test_where_the_worker_defers():
-    base = dict(switched_off=False, offloads=False, disaggregation="null", anchors=False)
+    base = dict(switched_off=False, offloads=False, disaggregation="null", last_tokens=False)
     assert why_not_deferred(**base) is None
     assert why_not_deferred(**{**base, "switched_off": True}) == "SGLANG_DFLASH_DEFERRED_INJECTION=0"
     assert "hierarchical cache" in why_not_deferred(**{**base, "offloads": True})
     assert why_not_deferred(**{**base, "disaggregation": "decode"}) == "a PD decode engine"
-    assert "anchors" in why_not_deferred(**{**base, "anchors": True})
+    assert "last-token store" in why_not_deferred(**{**base, "last_tokens": True})
