@@ -14,8 +14,13 @@
                               0: never build.
    SGLANG_DFLASH_CUDA_ARCHS   SM versions to compile for (default "80;90;100;120"; the last also
                               gets PTX). TORCH_CUDA_ARCH_LIST, if set, takes precedence.
+
+   Both are parsed by the package's registry of variables, `sglang_dflash/knobs.py`, loaded here
+   by its path (it imports only the standard library at module level; the package itself may not
+   be importable at build time), so a bad value is refused as at launch (docs/knobs.md).
 """
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -25,7 +30,29 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 PTH = "sglang_dflash_cpu.pth"
-DEFAULT_ARCHS = "80;90;100;120"
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_knobs():
+    """sglang_dflash/knobs.py as a module of its own, without importing the package."""
+    spec = importlib.util.spec_from_file_location(
+        "_sglang_dflash_knobs", os.path.join(ROOT, "sglang_dflash", "knobs.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+knobs = _load_knobs()
+
+
+def _knob(name: str):
+    """The typed value of one build variable; a bad one stops the build, saying what it takes."""
+    try:
+        return knobs.value(name)
+    except knobs.KnobError as error:
+        sys.exit(str(error))
 
 
 class BuildPy(build_py):
@@ -52,7 +79,7 @@ class _WithPth:
 
     def __call__(self, wheel, files, mapping):
         self.strategy(wheel, files, mapping)
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH), "rb") as f:
+        with open(os.path.join(ROOT, PTH), "rb") as f:
             wheel.writestr(PTH, f.read())
 
     def __enter__(self):
@@ -64,10 +91,7 @@ class _WithPth:
 
 
 def _build_mode() -> str:
-    value = os.environ.get("SGLANG_DFLASH_BUILD_CUDA", "")
-    if value not in ("", "0", "1"):
-        sys.exit(f"SGLANG_DFLASH_BUILD_CUDA must be unset, 0 or 1, got {value!r}")
-    return {"": "auto", "0": "off", "1": "required"}[value]
+    return {None: "auto", False: "off", True: "required"}[_knob("SGLANG_DFLASH_BUILD_CUDA")]
 
 
 def _skip(mode: str, reason: str) -> dict:
@@ -80,9 +104,7 @@ def _skip(mode: str, reason: str) -> dict:
 def _gencode_flags() -> list[str]:
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         return []  # torch turns it into -gencode flags itself
-    archs = [
-        a.strip() for a in os.environ.get("SGLANG_DFLASH_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()
-    ]
+    archs = _knob("SGLANG_DFLASH_CUDA_ARCHS")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     return flags + [f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
@@ -130,11 +152,10 @@ def _cuda_extension_kwargs() -> dict:
                     f"sglang-dflash: WARNING: building {ext.name} failed ({error}); using the reference ops"
                 )
 
-    root = os.path.dirname(os.path.abspath(__file__))
     extension = CUDAExtension(
         "sglang_dflash._C",
         sources=["cuda/bindings.cpp", "cuda/context_kv.cu"],
-        include_dirs=[os.path.join(root, "cuda", "include")],
+        include_dirs=[os.path.join(ROOT, "cuda", "include")],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo", *_gencode_flags()]},
     )
     return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}

@@ -1,96 +1,312 @@
-"""`Knobs`: every environment variable the DFLASH worker reads, read once at start-up.
+"""Every environment variable sglang-dflash reads: one registry (`REGISTRY`), parsed and checked
+at start-up.
 
-Serving choices (documented for users in docs/):
+A `Knob` is a variable's name, its kind (a serving choice, a benchmark, test or debugging aid, a
+build setting, the GPU kit's, or SGLang's own), what may be set (`Parser`: the typed value it
+gives, and what is allowed, in words), its default, one line of meaning, and where it acts.
+`parse(environ)` reads them all at once and refuses the environment with one `KnobError` that
+names each bad variable, its value and what it takes, and each `SGLANG_DFLASH_` name the registry
+does not know. It runs in the launching process (`integration/server_args.py`), so a bad value
+fails the launch itself, and in each scheduler (`Knobs.from_env`, the worker). Unset or empty: the
+default.
 
-  SGLANG_DFLASH_GRAMMAR_PROPOSALS=0       grammar requests get the draft's plain argmax, not the
-                                          grammar-aware proposals (docs/requests.md)
-  SGLANG_DFLASH_ADAPTIVE_WIDTH=0|1        fix the verify width at B, or adapt it on any device
-                                          (unset: adapt on CPU only; docs/verify-width.md)
-  SGLANG_DFLASH_FAIR_SLACK=x|off          how much slower a draft width may make one request's
-                                          tokens (`width/policy.py`, `FAIR_SLACK`); off: batch
-                                          rate only
-  SGLANG_DFLASH_WIDTH1_FORWARD=decode|verify
-                                          how a step without draft runs the target
-                                          (`width/step.py`)
-  SGLANG_DFLASH_DEFERRED_INJECTION=0      steps without a draft inject their tokens' draft K/V
-                                          at once, not queued for one bulk injection before the
-                                          next draft (`draft/deferred_injection.py`)
-  SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0        the draft step never replays CUDA graphs
-  SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN=n the draft's plan-free graphs replay up to n tokens of
-                                          visible context (default 2048; 0: none; `draft/step.py`)
-  SGLANG_DFLASH_VERIFY_GRAPHS=0           no verify graphs below the full width on CUDA (narrow
-                                          steps eager; the width then fixed unless
-                                          SGLANG_DFLASH_ADAPTIVE_WIDTH=1; `width/verify_widths.py`)
-  SGLANG_DFLASH_STEP_TIMING=path          per-phase step records, appended as JSON lines
-                                          (`step_timer.py`, scripts/serving/step_phases.py)
-  SGLANG_ENABLE_LILICORR_SAMPLING=0|1     SGLang's switch: 0 walks LiLiCorr's lattice greedily
-                                          for every request (unset: sampled requests sample their
-                                          walk, verified exactly with its q; `propose/proposers.py`);
-                                          with SGLANG_LILICORR_REQUIRE_SAMPLING=1, 0 is refused
+Consumers get typed values, never the text: the worker's `Knobs` (one field per knob that says
+which), and `value(name)` for the modules that read their own variable: SGLANG_DFLASH_IMPL
+(`use_builtin`), SGLANG_DFLASH_OPS (`ops/`), SGLANG_DFLASH_CPU_VERIFY_ATTENTION
+(`cpu/verify_attention.py`), SGLANG_DFLASH_SAMPLING_MEMORY_MB (`verify/sampling.py`),
+SGLANG_DFLASH_STEP_TIMING (`StepTimer.from_env`), and the build's two (`setup.py`, which loads
+this file by path: at module level it imports the standard library only). Nothing else in the
+package, scripts/ or setup.py reads an SGLANG_DFLASH_ variable (tests/unit/test_knobs.py checks);
+the GPU kit's two are read by the kit itself (tests/gpu_kit/serve/standin, outside the package).
 
-Benchmark aid, SGLang's own and honoured as its built-in DFLASH does:
-
-  SGLANG_SIMULATE_ACC_LEN (+ _METHOD, _TOKEN_MODE)
-                                          acceptance is forced to a drawn length: outputs are
-                                          not the model's
-  SGLANG_DFLASH_SIMULATE_ACC_METHOD=geometric
-                                          ours only: each request's draft positions accepted
-                                          independently, at the rate whose mean at the full
-                                          width is SGLANG_SIMULATE_ACC_LEN
-                                          (`verify/acceptance.py`)
-
-Test aids; each switches a feature off so that a test can show it notices:
-
-  SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION=1   decode steps inject no context K/V into the draft
-  SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER=1      PD transfer leaves the draft's K/V out
-  SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE=1       HiCache leaves the draft's K/V out of its backups
-  SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT=1        hybrid targets keep the linear-attention state of
-                                                the whole verify window (`integration/linear_state.py`)
-  SGLANG_DFLASH_TEST_WIDTH1_STEPS=N             the first N decode steps run without draft
-  SGLANG_DFLASH_TEST_WIDTHS=w1,w2,...           decode steps take these verify widths in turn
-                                                (each at most B), whatever the policy
-  SGLANG_DFLASH_VERIFY_GRAPHS=eager             each verify width's own attention backend,
-                                                without graphs, on any device (the CPU
-                                                rehearsal of the per-width swap)
-
-Debugging aids:
-
-  SGLANG_DFLASH_CHECK_RANKS=1             tensor-parallel ranks compare their proposals and
-                                          committed tokens every step (gathers, host sync)
-  SGLANG_DFLASH_TRACE_PROPOSALS=path      every request's verified proposals per step, appended
-                                          as JSON lines (host sync)
-
-Read by their own modules, outside the worker: SGLANG_DFLASH_IMPL (`plugin.py`),
-SGLANG_DFLASH_SAMPLING_MEMORY_MB (`verify/sampling.py`), SGLANG_DFLASH_OPS (`ops/`),
-SGLANG_DFLASH_CPU_VERIFY_ATTENTION (`cpu/verify_attention.py`).
+docs/knobs.md is generated from the registry: `python -m sglang_dflash.knobs > docs/knobs.md`.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
-GRAMMAR_PROPOSALS_ENV = "SGLANG_DFLASH_GRAMMAR_PROPOSALS"
-ADAPTIVE_WIDTH_ENV = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
-FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
-WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
-DRAFT_GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"
-DRAFT_PLAN_FREE_ENV = "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN"
-VERIFY_GRAPHS_ENV = "SGLANG_DFLASH_VERIFY_GRAPHS"
-DEFERRED_INJECTION_ENV = "SGLANG_DFLASH_DEFERRED_INJECTION"
-STEP_TIMING_ENV = "SGLANG_DFLASH_STEP_TIMING"
-SKIP_DECODE_INJECTION_ENV = "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION"
-SKIP_DRAFT_TRANSFER_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER"
-SKIP_DRAFT_HICACHE_ENV = "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE"
-SKIP_STATE_COMMIT_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"
-WIDTH1_STEPS_ENV = "SGLANG_DFLASH_TEST_WIDTH1_STEPS"
-WIDTHS_ENV = "SGLANG_DFLASH_TEST_WIDTHS"
-CHECK_RANKS_ENV = "SGLANG_DFLASH_CHECK_RANKS"
-TRACE_PROPOSALS_ENV = "SGLANG_DFLASH_TRACE_PROPOSALS"
-LILICORR_SAMPLING_ENV = "SGLANG_ENABLE_LILICORR_SAMPLING"
-LILICORR_REQUIRE_SAMPLING_ENV = "SGLANG_LILICORR_REQUIRE_SAMPLING"
-SIMULATE_METHOD_ENV = "SGLANG_DFLASH_SIMULATE_ACC_METHOD"
+PREFIX = "SGLANG_DFLASH_"
+BUILTIN = "builtin"  # SGLANG_DFLASH_IMPL=builtin: SGLang's built-in worker serves DFLASH
+FAIR_SLACK = 0.05  # a draft width may make a request's tokens at most this much slower than none
+PLAN_FREE_MAX_LEN = 2048  # tokens of visible context up to which the draft's plan-free graphs replay
+
+# The typed values of the knobs that choose among names.
+Width1Forward = Literal["decode", "verify"]
+VerifyGraphs = Literal["on", "off", "eager"]  # on: per-width graphs on CUDA; eager: without graphs
+OpsMode = Literal["auto", "reference", "cuda"]
+CpuVerifyAttention = Literal["batched", "per-request"]
+
+# Kinds, in docs/knobs.md's order, with the line under each heading.
+SERVING, BENCHMARK, TEST, DEBUGGING, BUILD, KIT, SGLANG = (
+    "Serving choices",
+    "Benchmark aids",
+    "Test aids",
+    "Debugging aids",
+    "Build",
+    "GPU kit",
+    "SGLang's",
+)
+KINDS = {
+    SERVING: "How DFLASH is served.",
+    BENCHMARK: "For measurements: not for serving users.",
+    TEST: "Each switches a feature off or forces a choice, so that a test can show it notices; "
+    "outputs may be wrong.",
+    DEBUGGING: "Extra checks and records, at a cost every step.",
+    BUILD: "Read by `setup.py` when the package is built (and checked at launch like the rest).",
+    KIT: "Set and read by the maintainers' GPU kit (`tests/gpu_kit`), outside the package.",
+    SGLANG: "SGLang's own, which this worker honours as SGLang's built-in DFLASH does.",
+}
+
+
+class KnobError(ValueError):
+    """An environment variable set to a value it does not take, or an unknown SGLANG_DFLASH_ one."""
+
+
+@dataclass(frozen=True)
+class Parser:
+    allowed: str  # what may be set, in words: "0 or 1", "a non-negative integer"
+    parse: Callable[[str], Any]  # the set text -> its typed value; ValueError where not allowed
+    show: Callable[[Any], Optional[str]] = str  # a typed value as it is set (None: only by unsetting)
+
+
+def choice(values: Mapping[str, Any], fold: Callable[[str], str] = str, allowed: str = "") -> Parser:
+    """One of `values`' keys (after `fold`) -> its value."""
+
+    def parse(text: str) -> Any:
+        if fold(text) not in values:
+            raise ValueError
+        return values[fold(text)]
+
+    names = list(values)
+    allowed = allowed or (" or ".join(names) if len(names) <= 2 else "one of " + ", ".join(names))
+    return Parser(allowed, parse, lambda value: next((k for k, v in values.items() if v == value), None))
+
+
+def _integer(text: str, low: int) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < low:
+        raise ValueError
+    return int(text)
+
+
+def _slack(text: str) -> Optional[float]:
+    if text == "off":
+        return None
+    try:
+        slack = float(text)
+    except ValueError:
+        raise ValueError from None
+    if not slack >= 0:  # nan too
+        raise ValueError
+    return slack
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError
+    return tuple(_integer(part, 1) for part in parts)
+
+
+def _appendable(path: str) -> str:
+    """`path` if this process can open it for appending (created empty where it does not exist)."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as error:
+        raise ValueError(error.strerror or str(error)) from None
+    return path
+
+
+def _archs(text: str) -> tuple[str, ...]:
+    archs = tuple(a.strip() for a in text.split(";") if a.strip())
+    if not archs or not all(re.fullmatch(r"[0-9]+[a-z]?", a) for a in archs):
+        raise ValueError
+    return archs
+
+
+SWITCH = choice({"0": False, "1": True})
+NON_NEGATIVE = Parser("a non-negative integer", lambda text: _integer(text, 0))
+POSITIVE = Parser("a positive integer", lambda text: _integer(text, 1))
+PLAN_FREE = Parser(  # 0: none
+    "a non-negative integer", lambda text: _integer(text, 0) or None, lambda v: "0" if v is None else str(v)
+)
+SLACK = Parser("a number >= 0 or off", _slack, lambda v: "off" if v is None else f"{v:g}")
+WIDTHS = Parser("a list of positive integers separated by commas", _widths, lambda v: ",".join(map(str, v)))
+APPENDABLE = Parser("a file that can be opened for appending, in a directory that exists", _appendable)
+ARCHS = Parser("a list of SM versions separated by ';' (e.g. 90;100a)", _archs, ";".join)
+IMPL = choice({"sglang-dflash": "sglang-dflash", BUILTIN: BUILTIN}, fold=lambda text: text.strip().lower())
+WIDTH1_FORWARD = choice({"decode": "decode", "verify": "verify"})
+VERIFY_GRAPHS = choice({"0": "off", "eager": "eager"})
+OPS = choice({"auto": "auto", "reference": "reference", "cuda": "cuda"})
+CPU_VERIFY_ATTENTION = choice({"batched": "batched", "per-request": "per-request"})
+GEOMETRIC = choice({"geometric": "geometric"})
+SGLANG_BOOL = choice(  # as SGLang's EnvBool reads it
+    {"1": True, "true": True, "yes": True, "y": True, "0": False, "false": False, "no": False, "n": False},
+    fold=str.lower,
+    allowed="a boolean (1/true/yes/y or 0/false/no/n)",
+)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str
+    parser: Optional[Parser]  # None: SGLang's, read and checked by SGLang (`sglang.srt.environ.envs`)
+    default: Any  # where unset or empty
+    where: str  # the module it acts in
+    field: Optional[str]  # the `Knobs` field that carries it to the worker, if one does
+    meaning: str  # one line, for docs/knobs.md
+
+    def read(self, environ: Mapping[str, str] = os.environ) -> Any:
+        """This variable's typed value in `environ` (its default where unset or empty)."""
+        text = environ.get(self.name, "")
+        if text == "":
+            return self.default
+        try:
+            return self.parser.parse(text)
+        except ValueError as error:
+            detail = f" ({error})" if str(error) else ""
+            raise KnobError(f"{self.name}={text!r} is not {self.parser.allowed}{detail}") from None
+
+
+# fmt: off
+REGISTRY: tuple[Knob, ...] = (
+    # Knob(name, kind, parser, default, where it acts, the `Knobs` field carrying it or None,
+    #      meaning)
+    # ---- serving choices
+    Knob("SGLANG_DFLASH_IMPL", SERVING, IMPL, "sglang-dflash", "plugin.py", None,
+         "who serves DFLASH: this plugin's worker, or SGLang's built-in one (builtin)"),
+    Knob("SGLANG_DFLASH_GRAMMAR_PROPOSALS", SERVING, SWITCH, True, "propose/grammar.py", "grammar_proposals",
+         "grammar requests get grammar-aware proposals (0: the draft's plain argmax; docs/requests.md)"),
+    Knob("SGLANG_DFLASH_ADAPTIVE_WIDTH", SERVING, SWITCH, None, "width/policy.py", "adaptive_width",
+         "0: the verify width fixed at B; 1: adapted on any device; unset: adapted on CPU, and on CUDA "
+         "where the target has verify graphs at several widths (docs/verify-width.md)"),
+    Knob("SGLANG_DFLASH_FAIR_SLACK", SERVING, SLACK, FAIR_SLACK, "width/policy.py", "fair_slack",
+         "how much slower a draft width may make one request's tokens than none (0.05: 5%); off: the "
+         "batch's throughput alone decides"),
+    Knob("SGLANG_DFLASH_WIDTH1_FORWARD", SERVING, WIDTH1_FORWARD, None, "width/step.py", "width1_forward",
+         "how a step without draft runs the target; unset: a verify over one token where that is cheaper "
+         "(CPU's batched verify attention, a width-1 verify backend), else the decode forward"),
+    Knob("SGLANG_DFLASH_DEFERRED_INJECTION", SERVING, SWITCH, True, "draft/deferred_injection.py",
+         "deferred_injection",
+         "steps without draft queue their tokens' draft K/V for one bulk injection before the next draft "
+         "(0: inject at once)"),
+    Knob("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", SERVING, SWITCH, True, "draft/step.py", "draft_graphs",
+         "the draft step replays CUDA graphs where it can (0: always eager)"),
+    Knob("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", SERVING, PLAN_FREE, PLAN_FREE_MAX_LEN, "draft/step.py",
+         "draft_plan_free",
+         "the draft's plan-free CUDA graphs replay up to this many tokens of visible context (0: none)"),
+    Knob("SGLANG_DFLASH_VERIFY_GRAPHS", SERVING, VERIFY_GRAPHS, "on", "width/verify_widths.py",
+         "verify_graphs",
+         "unset: verify graphs at the narrower widths on CUDA; 0: none (narrow steps eager, the width then "
+         "fixed unless SGLANG_DFLASH_ADAPTIVE_WIDTH=1); eager, a test aid: each width's own attention "
+         "backend without graphs, on any device"),
+    Knob("SGLANG_DFLASH_OPS", SERVING, OPS, "auto", "ops/__init__.py", None,
+         "the context-KV injection: auto (the CUDA op where it applies, else its maths in PyTorch, else "
+         "the module reference), reference, or cuda (an error where it cannot run)"),
+    Knob("SGLANG_DFLASH_CPU_VERIFY_ATTENTION", SERVING, CPU_VERIFY_ATTENTION, "batched",
+         "cpu/verify_attention.py", None,
+         "the verify attention on torch_native: one masked SDPA per layer for the batch, or SGLang's "
+         "per-request loop (for comparisons)"),
+    Knob("SGLANG_DFLASH_SAMPLING_MEMORY_MB", SERVING, POSITIVE, 1024, "verify/sampling.py", None,
+         "the transient memory one sampled draw may take, in MB: rows are drawn in chunks that fit"),
+    # ---- benchmark aids
+    Knob("SGLANG_DFLASH_STEP_TIMING", BENCHMARK, APPENDABLE, None, "step_timer.py", "step_timing",
+         "per-phase step records appended to this file as JSON lines (the device is synchronized around "
+         "every phase; scripts/serving/step_phases.py)"),
+    Knob("SGLANG_DFLASH_SIMULATE_ACC_METHOD", BENCHMARK, GEOMETRIC, None, "verify/acceptance.py", None,
+         "with SGLANG_SIMULATE_ACC_LEN, ours only: each request's draft positions accepted "
+         "independently, at the rate whose mean at the full width is that length"),
+    # ---- test aids
+    Knob("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION", TEST, SWITCH, False, "worker.py",
+         "skip_decode_injection",
+         "decode steps inject no context K/V into the draft"),
+    Knob("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER", TEST, SWITCH, False, "worker.py", "skip_draft_transfer",
+         "prefill/decode disaggregation leaves the draft's K/V out of its transfer"),
+    Knob("SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE", TEST, SWITCH, False, "worker.py", "skip_draft_hicache",
+         "HiCache leaves the draft's K/V out of its backups"),
+    Knob("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", TEST, SWITCH, False, "integration/linear_state.py",
+         "skip_state_commit",
+         "hybrid targets keep the linear-attention state of the whole verify window"),
+    Knob("SGLANG_DFLASH_TEST_WIDTH1_STEPS", TEST, NON_NEGATIVE, 0, "width/step.py", "width1_steps",
+         "the first N decode steps run without draft"),
+    Knob("SGLANG_DFLASH_TEST_WIDTHS", TEST, WIDTHS, (), "width/step.py", "widths",
+         "decode steps take these verify widths in turn (each at most B), whatever the policy"),
+    # ---- debugging aids
+    Knob("SGLANG_DFLASH_CHECK_RANKS", DEBUGGING, SWITCH, False, "draft/tensor_parallel.py", "check_ranks",
+         "tensor-parallel ranks compare their proposals and committed tokens every step (gathers, host "
+         "sync)"),
+    Knob("SGLANG_DFLASH_TRACE_PROPOSALS", DEBUGGING, APPENDABLE, None, "worker.py", "trace_proposals",
+         "every request's verified proposals per step appended to this file as JSON lines (host sync)"),
+    # ---- build
+    Knob("SGLANG_DFLASH_BUILD_CUDA", BUILD, SWITCH, None, "setup.py", None,
+         "unset: build the CUDA extension if nvcc is found (a failed build only warns); 1: build it, or "
+         "fail the install; 0: never build it"),
+    Knob("SGLANG_DFLASH_CUDA_ARCHS", BUILD, ARCHS, ("80", "90", "100", "120"), "setup.py", None,
+         "the SM versions the CUDA extension is compiled for (the last also as PTX); "
+         "TORCH_CUDA_ARCH_LIST, if set, takes precedence"),
+    # ---- the GPU kit's
+    Knob("SGLANG_DFLASH_SGL_KERNEL_STANDIN", KIT, SWITCH, False, "tests/gpu_kit/serve/standin/sgl_kernel",
+         None,
+         "the kit's sgl_kernel stand-in serves the kernels the GPU machine's sgl-kernel lacks"),
+    Knob("SGLANG_DFLASH_GPU_KIT", KIT, SWITCH, False, "tests/gpu_kit/serve/standin/sitecustomize.py", None,
+         "the kit's sitecustomize applies its patches (on the GPU machine)"),
+    # ---- SGLang's (the first two read here as SGLang reads them, the others through its `envs`)
+    Knob("SGLANG_ENABLE_LILICORR_SAMPLING", SGLANG, SGLANG_BOOL, True, "propose/proposers.py",
+         "lilicorr_sampling",
+         "0: LiLiCorr's lattice walked greedily for every request; unset (unlike SGLang's default): "
+         "sampled requests sample their walk, verified exactly with its q"),
+    Knob("SGLANG_LILICORR_REQUIRE_SAMPLING", SGLANG, SGLANG_BOOL, False, "knobs.py", None,
+         "refuses SGLANG_ENABLE_LILICORR_SAMPLING=0"),
+    Knob("SGLANG_SIMULATE_ACC_LEN", SGLANG, None, None, "verify/acceptance.py", None,
+         "a benchmark aid: acceptance forced to lengths drawn around this mean (outputs are not the "
+         "model's)"),
+    Knob("SGLANG_SIMULATE_ACC_METHOD", SGLANG, None, None, "verify/acceptance.py", None,
+         "how SGLang draws those lengths (one per batch)"),
+    Knob("SGLANG_SIMULATE_ACC_TOKEN_MODE", SGLANG, None, None, "verify/acceptance.py", None,
+         "which tokens a forced acceptance commits (fixed or real-draft-token)"),
+    Knob("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", SGLANG, None, None, "SGLang's dflash_worker_v2.py", None,
+         "SGLang's built-in DFLASH worker's (SGLANG_DFLASH_IMPL=builtin); this worker has no such "
+         "sampler and does not read it"),
+)
+# fmt: on
+BY_NAME = {knob.name: knob for knob in REGISTRY}
+
+
+def parse(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Name -> typed value of every knob with a parser (SGLang's own are left to SGLang). Raises
+    one KnobError naming every bad variable, its value and what it takes, and every SGLANG_DFLASH_
+    name the registry does not know."""
+    values, problems = {}, []
+    for knob in REGISTRY:
+        if knob.parser is not None:
+            try:
+                values[knob.name] = knob.read(environ)
+            except KnobError as error:
+                problems.append(str(error))
+    ours = [n.removeprefix(PREFIX) for n in BY_NAME if n.startswith(PREFIX)]
+    for name in sorted(n for n in environ if n.startswith(PREFIX) and n not in BY_NAME):
+        close = difflib.get_close_matches(name.removeprefix(PREFIX), ours, n=1, cutoff=0.75)
+        hint = f" (did you mean {PREFIX}{close[0]}?)" if close else " (docs/knobs.md lists them)"
+        problems.append(f"{name} is not a variable sglang-dflash reads{hint}")
+    if problems:
+        raise KnobError("; ".join(problems))
+    return values
+
+
+def value(name: str, environ: Mapping[str, str] = os.environ) -> Any:
+    """One knob's typed value (for the modules that read their own); KnobError if it is bad."""
+    return BY_NAME[name].read(environ)
+
+
+def use_builtin(environ: Mapping[str, str] = os.environ) -> bool:
+    """SGLANG_DFLASH_IMPL=builtin hands DFLASH back to SGLang's built-in worker."""
+    return value("SGLANG_DFLASH_IMPL", environ) == BUILTIN
 
 
 @dataclass(frozen=True)
@@ -104,18 +320,20 @@ class SimulatedAcceptance:
 
 @dataclass(frozen=True)
 class Knobs:
-    # Serving choices; None where unset (the module that uses each validates it).
+    """The worker's knobs, typed (each from the registry's knob whose `field` names it)."""
+
+    # Serving choices.
     grammar_proposals: bool = True
-    adaptive_width: Optional[str] = None
-    fair_slack: Optional[str] = None
-    width1_forward: Optional[str] = None
-    draft_graphs: Optional[str] = None
-    draft_plan_free: Optional[str] = None
-    verify_graphs: Optional[str] = None
+    adaptive_width: Optional[bool] = None  # None: the device's default
+    fair_slack: Optional[float] = FAIR_SLACK  # None: off
+    width1_forward: Optional[Width1Forward] = None  # None: the cheaper where known
     deferred_injection: bool = True
-    step_timing: Optional[str] = None
+    draft_graphs: bool = True
+    draft_plan_free: Optional[int] = PLAN_FREE_MAX_LEN  # None: no plan-free graphs
+    verify_graphs: VerifyGraphs = "on"
     lilicorr_sampling: bool = True
-    # Benchmark aid.
+    # Benchmark aids.
+    step_timing: Optional[str] = None  # a file, checked appendable
     simulated_acceptance: Optional[SimulatedAcceptance] = None
     # Test aids.
     skip_decode_injection: bool = False
@@ -126,38 +344,23 @@ class Knobs:
     widths: tuple[int, ...] = ()
     # Debugging aids.
     check_ranks: bool = False
-    trace_proposals: Optional[str] = None
+    trace_proposals: Optional[str] = None  # a file, checked appendable
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, *, simulated: bool = True) -> "Knobs":
-        """The knobs of this process. `simulated=False` skips SGLang's simulated-acceptance
-        settings (read through `sglang.srt.environ`, so SGLang must be importable)."""
-
-        def on(name: str) -> bool:
-            return environ.get(name) == "1"
-
+        """The knobs of this process, every variable checked (`parse`). `simulated=False` skips
+        SGLang's simulated-acceptance settings (read through `sglang.srt.environ`, so SGLang
+        must be importable)."""
+        values = parse(environ)
+        if values["SGLANG_LILICORR_REQUIRE_SAMPLING"] and not values["SGLANG_ENABLE_LILICORR_SAMPLING"]:
+            raise KnobError(
+                "SGLANG_LILICORR_REQUIRE_SAMPLING is set but SGLANG_ENABLE_LILICORR_SAMPLING=0 walks "
+                "LiLiCorr's lattice greedily for every request"
+            )
+        method = values["SGLANG_DFLASH_SIMULATE_ACC_METHOD"]
         return cls(
-            grammar_proposals=environ.get(GRAMMAR_PROPOSALS_ENV, "1") != "0",
-            adaptive_width=environ.get(ADAPTIVE_WIDTH_ENV),
-            fair_slack=environ.get(FAIR_SLACK_ENV),
-            width1_forward=environ.get(WIDTH1_FORWARD_ENV),
-            draft_graphs=environ.get(DRAFT_GRAPHS_ENV),
-            draft_plan_free=environ.get(DRAFT_PLAN_FREE_ENV),
-            verify_graphs=environ.get(VERIFY_GRAPHS_ENV),
-            deferred_injection=environ.get(DEFERRED_INJECTION_ENV, "1") != "0",
-            step_timing=environ.get(STEP_TIMING_ENV) or None,
-            lilicorr_sampling=_lilicorr_sampling(environ),
-            simulated_acceptance=_simulated_acceptance(environ.get(SIMULATE_METHOD_ENV))
-            if simulated
-            else None,
-            skip_decode_injection=on(SKIP_DECODE_INJECTION_ENV),
-            skip_draft_transfer=on(SKIP_DRAFT_TRANSFER_ENV),
-            skip_draft_hicache=on(SKIP_DRAFT_HICACHE_ENV),
-            skip_state_commit=on(SKIP_STATE_COMMIT_ENV),
-            width1_steps=int(environ.get(WIDTH1_STEPS_ENV, "0")),
-            widths=tuple(int(w) for w in environ.get(WIDTHS_ENV, "").split(",") if w.strip()),
-            check_ranks=on(CHECK_RANKS_ENV),
-            trace_proposals=environ.get(TRACE_PROPOSALS_ENV) or None,
+            **{knob.field: values[knob.name] for knob in REGISTRY if knob.field},
+            simulated_acceptance=_simulated_acceptance(method) if simulated else None,
         )
 
     def aids_on(self) -> list[str]:
@@ -176,41 +379,52 @@ class Knobs:
         return [text for is_on, text in aids if is_on]
 
 
-def _switch(environ: Mapping[str, str], name: str) -> Optional[bool]:
-    """An SGLang boolean environment variable as SGLang's `envs` reads it; None where unset."""
-    value = environ.get(name)
-    if value is None or value == "":
-        return None
-    if value.lower() in ("1", "true", "yes", "y"):
-        return True
-    if value.lower() in ("0", "false", "no", "n"):
-        return False
-    raise ValueError(f"{name}={value!r} is not a boolean (1/0, true/false)")
-
-
-def _lilicorr_sampling(environ: Mapping[str, str]) -> bool:
-    sampling = _switch(environ, LILICORR_SAMPLING_ENV)
-    if sampling is False and _switch(environ, LILICORR_REQUIRE_SAMPLING_ENV):
-        raise ValueError(
-            f"{LILICORR_REQUIRE_SAMPLING_ENV} is set but {LILICORR_SAMPLING_ENV}=0 walks LiLiCorr's "
-            "lattice greedily for every request"
-        )
-    return sampling is not False
-
-
 def _simulated_acceptance(method: Optional[str]) -> Optional[SimulatedAcceptance]:
-    """SGLang's setting; `method`: SGLANG_DFLASH_SIMULATE_ACC_METHOD, "geometric" or unset."""
+    """SGLang's setting; `method`: SGLANG_DFLASH_SIMULATE_ACC_METHOD ("geometric" or None)."""
     from sglang.srt.environ import envs
     from sglang.srt.speculative.spec_utils import check_simulate_acc_token_mode
 
-    if method not in (None, "", "geometric"):
-        raise ValueError(f"{SIMULATE_METHOD_ENV} must be geometric, got {method!r}")
     mean = envs.SGLANG_SIMULATE_ACC_LEN.get()
     if mean <= 0:
         if method:
-            raise ValueError(f"{SIMULATE_METHOD_ENV}={method} needs SGLANG_SIMULATE_ACC_LEN (the mean)")
+            raise KnobError(
+                f"SGLANG_DFLASH_SIMULATE_ACC_METHOD={method} needs SGLANG_SIMULATE_ACC_LEN (the mean)"
+            )
         return None
     check_simulate_acc_token_mode()
     return SimulatedAcceptance(
         mean, method or envs.SGLANG_SIMULATE_ACC_METHOD.get(), envs.SGLANG_SIMULATE_ACC_TOKEN_MODE.get()
     )
+
+
+# ---------------------------------------------------------------------------- docs/knobs.md
+
+
+def markdown() -> str:
+    """docs/knobs.md: the registry, one table per kind."""
+    lines = [
+        "# Environment variables",
+        "",
+        "Every environment variable sglang-dflash reads. Generated from the registry in",
+        "`sglang_dflash/knobs.py` (`python -m sglang_dflash.knobs > docs/knobs.md`; a test checks",
+        "that this file is current). Each value is parsed and checked when a server launches, on",
+        "every device: a value a variable does not take, or an `SGLANG_DFLASH_` name not listed",
+        "here, fails the launch with an error naming the variable, its value and what it takes.",
+        "Unset or empty: the default.",
+    ]
+    for kind, line in KINDS.items():
+        lines += ["", f"## {kind}", "", line, "", "| Variable | Values | Default | Meaning | Where |"]
+        lines.append("| --- | --- | --- | --- | --- |")
+        for knob in (k for k in REGISTRY if k.kind == kind):
+            if knob.parser is None:
+                allowed, default = "read by SGLang (`sglang.srt.environ.envs`)", "SGLang's"
+            else:
+                allowed = knob.parser.allowed
+                shown = None if knob.default is None else knob.parser.show(knob.default)
+                default = f"`{shown}`" if shown else "unset"
+            lines.append(f"| `{knob.name}` | {allowed} | {default} | {knob.meaning} | `{knob.where}` |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 
-from sglang_dflash import BUILTIN, IMPL_ENV, use_builtin
+from sglang_dflash.knobs import BUILTIN, KnobError, use_builtin
+
+IMPL_ENV = "SGLANG_DFLASH_IMPL"
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +83,9 @@ def _handle_dflash(original, server_args):
 
 
 def _install_excepthook() -> None:
-    """`python -m sglang.launch_server` with a bad draft checkpoint prints our one-line error
-    instead of a traceback through SGLang's argument resolution."""
+    """`python -m sglang.launch_server` with a bad draft checkpoint or a bad environment variable
+    (`knobs.py`) prints our one-line error instead of a traceback through SGLang's argument
+    resolution."""
     import sys
 
     from sglang_dflash.checkpoint.config import CheckpointError
@@ -90,7 +93,7 @@ def _install_excepthook() -> None:
     previous = sys.excepthook
 
     def excepthook(kind, value, traceback):
-        if issubclass(kind, CheckpointError):
+        if issubclass(kind, (CheckpointError, KnobError)):
             print(f"error: {value}", file=sys.stderr)
         else:
             previous(kind, value, traceback)

@@ -32,7 +32,7 @@ from sglang_dflash.draft import flashinfer_attention, fused_forward
 from sglang_dflash.draft.attention import SdpaDraftAttention
 from sglang_dflash.draft.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.draft.model import DFlashDraftModel
-from sglang_dflash.draft.step import DraftStep, capture_in_sglang
+from sglang_dflash.draft.step import PLAN_FREE_MAX_LEN, DraftStep, capture_in_sglang
 from sglang_dflash.draft.target_features import (
     FeatureLayout,
     captured_layer_ids,
@@ -311,10 +311,15 @@ class DraftRuntime:
         )
 
     def capture_graphs(
-        self, runner, req_to_token: torch.Tensor, env: Optional[str], plan_free_env: Optional[str] = None
+        self,
+        runner,
+        req_to_token: torch.Tensor,
+        enabled: bool = True,
+        plan_free_max_len: Optional[int] = PLAN_FREE_MAX_LEN,
     ):
         """The draft step's CUDA graphs in SGLang's pool (`draft/step.py`, `capture_in_sglang`):
-        (GB, seconds), or None when none were captured."""
+        (GB, seconds), or None when none were captured. `enabled`, `plan_free_max_len`: the
+        knobs `Knobs.draft_graphs` and `Knobs.draft_plan_free`."""
 
         def graph_attention(max_size: int, plan_free_max_len: Optional[int]):
             # The plan-free layout lists up to the bound per request, whatever the context length.
@@ -346,6 +351,6 @@ class DraftRuntime:
             req_to_token,
             attention_name=self.attention_name,
             graph_attention=graph_attention,
-            env=env,
-            plan_free_env=plan_free_env,
+            enabled=enabled,
+            plan_free_max_len=plan_free_max_len,
         )

@@ -32,7 +32,9 @@ import os
 import time
 from typing import Callable, Optional
 
-from sglang_dflash.knobs import STEP_TIMING_ENV as ENV_VAR
+from sglang_dflash import knobs
+
+ENV_VAR = "SGLANG_DFLASH_STEP_TIMING"  # a file that can be opened for appending (`knobs.py`)
 
 _NULL = contextlib.nullcontext()
 
@@ -64,7 +66,7 @@ class StepTimer:
 
     @classmethod
     def from_env(cls, device=None) -> "StepTimer":
-        return cls(os.environ.get(ENV_VAR) or None, device)
+        return cls(knobs.value(ENV_VAR), device)
 
     def phase(self, name: str):
         if not self.enabled:

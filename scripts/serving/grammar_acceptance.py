@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -54,20 +55,14 @@ def run(target, draft, prompts, sampling, engine_args, proposals: bool = True) -
     """Each prompt alone through a fresh DFLASH engine; returns the outputs."""
     import sglang as sgl
 
-    previous = os.environ.get(PROPOSALS_ENV)
-    os.environ[PROPOSALS_ENV] = "1" if proposals else "0"  # read by the worker at start-up
-    try:
+    # Read by the worker at start-up, in the scheduler processes, which inherit it.
+    with mock.patch.dict(os.environ, {PROPOSALS_ENV: "1" if proposals else "0"}):
         engine = sgl.Engine(
             **{"log_level": "error", **engine_args},
             model_path=target,
             speculative_algorithm="DFLASH",
             speculative_draft_model_path=draft,
         )
-    finally:
-        if previous is None:
-            del os.environ[PROPOSALS_ENV]
-        else:
-            os.environ[PROPOSALS_ENV] = previous
     try:
         return [engine.generate(p, sampling) for p in prompts]
     finally:

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from scripts.serving.lib import prompts as prompt_sources  # noqa: E402
 from scripts.serving.lib import report, runner, server  # noqa: E402
+from sglang_dflash import knobs  # noqa: E402
 
 
 def int_list(text: str) -> list:
@@ -297,10 +298,10 @@ def main(argv=None) -> int:
     out_dir = args.output_dir or os.path.join("load_test_results", stamp)
     os.makedirs(out_dir, exist_ok=True)
 
-    sim_env = {k: v for k, v in os.environ.items() if k.startswith(report.SIMULATION_PREFIXES)}
+    sim_env = {k: v for k, v in os.environ.items() if k.startswith(report.SIMULATION_PREFIX)}  # SGLang's
     if args.simulate_acc_len is not None:
         sim_env["SGLANG_SIMULATE_ACC_LEN"] = str(args.simulate_acc_len)
-    if args.simulate_geometric:
+    if args.simulate_geometric or knobs.value("SGLANG_DFLASH_SIMULATE_ACC_METHOD") == "geometric":
         sim_env["SGLANG_DFLASH_SIMULATE_ACC_METHOD"] = "geometric"
     label = report.simulated_label(sim_env)
     if label:

@@ -23,33 +23,29 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 from contextvars import ContextVar
 from typing import Optional
 
 import torch
 
+from sglang_dflash import knobs
 from sglang_dflash.cpu import paged_attention
 
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DFLASH_CPU_VERIFY_ATTENTION"
-MODES = ("batched", "per-request")
 
 # The verify width of the TARGET_VERIFY forward in progress (None outside one, or when the
 # per-request loop was chosen): set by `forward_extend`, read by `run_sdpa_forward_extend`.
 _verify_width: ContextVar[Optional[int]] = ContextVar("dflash_verify_width", default=None)
-_mode: Optional[str] = None
+_mode: Optional[knobs.CpuVerifyAttention] = None
 
 
-def mode() -> str:
+def mode() -> knobs.CpuVerifyAttention:
     """The verify attention on `torch_native`, chosen on first use and logged once."""
     global _mode
     if _mode is None:
-        value = os.environ.get(ENV, "batched")
-        if value not in MODES:
-            raise ValueError(f"{ENV} must be one of {MODES}, got {value!r}")
-        _mode = value
+        _mode = value = knobs.value(ENV)
         how = "one masked SDPA per layer for the batch" if value == "batched" else "SGLang's per-request loop"
         logger.info("DFLASH verify attention on torch_native: %s (%s=%s)", how, ENV, value)
     return _mode

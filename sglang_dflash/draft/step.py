@@ -53,8 +53,10 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang_dflash.draft.block import prepare_draft_block
-from sglang_dflash.knobs import DRAFT_GRAPHS_ENV as GRAPHS_ENV  # 0: the draft step always runs eagerly
-from sglang_dflash.knobs import DRAFT_PLAN_FREE_ENV as PLAN_FREE_ENV
+from sglang_dflash.knobs import PLAN_FREE_MAX_LEN
+
+GRAPHS_ENV = "SGLANG_DFLASH_DRAFT_CUDA_GRAPH"  # 0: the draft step always runs eagerly
+PLAN_FREE_ENV = "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN"  # 0: no plan-free graphs
 
 logger = logging.getLogger(__name__)
 
@@ -85,33 +87,19 @@ def bucket_for(bs: int, sizes: Sequence[int]) -> Optional[int]:
 
 
 def graphs_unavailable_reason(
-    *, device: torch.device, attention_name: str, disable_cuda_graph: bool, env: Optional[str]
+    *, device: torch.device, attention_name: str, disable_cuda_graph: bool, enabled: bool = True
 ) -> Optional[str]:
-    """Why the draft step can never run from CUDA graphs in this server (None if it can)."""
-    if env not in (None, "", "0", "1"):
-        raise ValueError(f"{GRAPHS_ENV} must be 0 or 1, got {env!r}")
+    """Why the draft step can never run from CUDA graphs in this server (None if it can).
+    `enabled`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH (`knobs.Knobs.draft_graphs`)."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
-    if env == "0":
+    if not enabled:
         return f"{GRAPHS_ENV}=0"
     if disable_cuda_graph:
         return "--disable-cuda-graph"
     if attention_name != "flashinfer":
         return f"the draft attention is {attention_name}, which sizes its work from host lengths every step"
     return None
-
-
-PLAN_FREE_MAX_LEN = 2048  # tokens of visible context up to which the plan-free graphs replay
-
-
-def plan_free_max_len(env: Optional[str]) -> Optional[int]:
-    """The visible context up to which plan-free graphs replay (module docstring), from
-    SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN: unset -> 2048, "0" -> None (no plan-free graphs)."""
-    if env in (None, ""):
-        return PLAN_FREE_MAX_LEN
-    if not env.isdigit():
-        raise ValueError(f"{PLAN_FREE_ENV} must be a number of tokens (0: off), got {env!r}")
-    return int(env) or None
 
 
 def eager_reason(
@@ -403,15 +391,15 @@ def capture_in_sglang(
     *,
     attention_name: str,
     graph_attention: Callable,
-    env: Optional[str] = None,
-    plan_free_env: Optional[str] = None,
+    enabled: bool = True,
+    plan_free_max_len: Optional[int] = PLAN_FREE_MAX_LEN,
 ) -> Optional[tuple[float, float]]:
     """The draft step's CUDA graphs, one per SGLang capture size, in SGLang's graph memory pool;
     or why there are none (logged once). `runner`: the target's ModelRunner.
     `graph_attention(max b, plan-free bound) -> (page-index capacity, make_attention(b),
     make_plan_free(b))`: the graph-mode attentions and the buffers they share (make_plan_free
-    None without a bound). `env`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH; `plan_free_env`:
-    SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN.
+    None without a bound). `enabled`: SGLANG_DFLASH_DRAFT_CUDA_GRAPH; `plan_free_max_len`:
+    SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN, None for no plan-free graphs (`knobs.Knobs`).
     Returns (GB, seconds) for SGLang's start-up accounting, or None when nothing was captured."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.model_executor.runner_utils.pool import (
@@ -425,7 +413,7 @@ def capture_in_sglang(
         device=torch.device(runner.device),
         attention_name=attention_name,
         disable_cuda_graph=check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED),
-        env=env,
+        enabled=enabled,
     )
     if reason is None:
         # The target's captured sizes (its verify graphs), else the configured ones.
@@ -438,7 +426,7 @@ def capture_in_sglang(
         return None
     # SGLang's own measure of its graphs' memory: free GB after returning the cache.
     free_before = get_available_gpu_memory(runner.device, runner.gpu_id)
-    bound = plan_free_max_len(plan_free_env)
+    bound = plan_free_max_len
     if bound is not None:  # no visible context is longer than a request-pool row or the window
         bound = min(bound, req_to_token.shape[1], step.context_window or bound)
     capacity, make_attention, make_plan_free = graph_attention(max(sizes), bound)

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.knobs import SKIP_STATE_COMMIT_ENV as SKIP_ENV
+SKIP_ENV = "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"
 
 logger = logging.getLogger(__name__)
 
@@ -38,25 +38,24 @@ def steps_to_track(pre: torch.Tensor, commit_lens: torch.Tensor, interval: int) 
 
 
 class LinearStateCommit:
-    def __init__(self, runner, skip: bool = False):
+    def __init__(self, runner):
         self.runner = runner  # its attention backend is built after the speculative worker
-        self.skip = skip  # test aid (SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT): shows tests notice
 
     @classmethod
     def for_target(cls, runner, skip: bool = False) -> Optional["LinearStateCommit"]:
-        """None for targets without linear-attention layers."""
+        """None for targets without linear-attention layers. `skip`: the test aid
+        SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT, chosen here once (`SkippedStateCommit`)."""
         from sglang.srt.configs.hybrid_arch import mambaish_config
 
         if mambaish_config(runner.model_config) is None:
             return None
         if skip:
             logger.warning("DFLASH linear-attention state commit is OFF (%s=1): outputs are wrong", SKIP_ENV)
-        return cls(runner, skip)
+            return SkippedStateCommit(runner)
+        return cls(runner)
 
     def __call__(self, batch, seq_lens: torch.Tensor, commit_lens: torch.Tensor) -> None:
         """seq_lens [bs]: the committed lengths before this verify; commit_lens [bs] >= 1."""
-        if self.skip:
-            return
         from sglang.srt.runtime_context import mamba_track_grid
 
         steps = None
@@ -70,3 +69,10 @@ class LinearStateCommit:
             model=self.runner.model,
             req_pool_indices=batch.req_pool_indices[: commit_lens.shape[0]],
         )
+
+
+class SkippedStateCommit(LinearStateCommit):
+    """Test aid: the commit switched off (tests show they notice: outputs are wrong)."""
+
+    def __call__(self, batch, seq_lens: torch.Tensor, commit_lens: torch.Tensor) -> None:
+        pass

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_dflash import BUILTIN, use_builtin
+from sglang_dflash.knobs import BUILTIN, use_builtin
 from sglang_dflash.propose.grammar import describe_choices
 
 logger = logging.getLogger(__name__)

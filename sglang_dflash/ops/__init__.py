@@ -16,12 +16,12 @@ See docs/gpu.md.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from typing import Callable
 
 import torch
 
+from sglang_dflash import knobs
 from sglang_dflash.draft.kv_store import DraftKVStore
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.ops import reference
@@ -31,7 +31,6 @@ __all__ = ["choose_inject_context_kv", "forget", "inject_context_kv"]
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DFLASH_OPS"
-MODES = ("auto", "reference", "cuda")
 
 InjectFn = Callable[[DFlashDraftModel, DraftKVStore, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -98,9 +97,7 @@ def _fused_torch(
 def _choose(model: DFlashDraftModel, store: DraftKVStore) -> tuple[str, InjectFn]:
     from sglang_dflash.ops import _cuda
 
-    mode = os.environ.get(ENV, "auto")
-    if mode not in MODES:
-        raise ValueError(f"{ENV} must be one of {MODES}, got {mode!r}")
+    mode: knobs.OpsMode = knobs.value(ENV)
     reason = f"{ENV}=reference" if mode == "reference" else _cuda.unsupported_reason(model, store)
     if reason is None:
         weights = _cuda.fused_weights(model)  # allocate now (start-up), not at the first prefill

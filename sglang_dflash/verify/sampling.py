@@ -71,12 +71,12 @@ See docs/requests.md ("Sampling (temperature > 0)").
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
 
+from sglang_dflash import knobs
 from sglang_dflash.verify.acceptance import greedy_verify
 
 # sglang.srt.sampling.sampling_params.TOP_K_ALL ("whole vocabulary"); not imported, to keep this
@@ -160,8 +160,7 @@ class SamplingRows:
 # intermediates, float64 noise and scores), measured at 89 on CPU by
 # `scripts/bench/sampling_memory.py` (docs/gpu.md); unseeded draws take 12 (no filter) to 26.
 BYTES_PER_LOGIT = 96
-MEMORY_ENV = "SGLANG_DFLASH_SAMPLING_MEMORY_MB"
-DEFAULT_MEMORY_MB = 1024
+MEMORY_ENV = "SGLANG_DFLASH_SAMPLING_MEMORY_MB"  # a positive integer, 1024 unset (`knobs.py`)
 
 
 def rows_per_draw(vocab: int, memory_mb: Optional[int] = None) -> int:
@@ -170,7 +169,7 @@ def rows_per_draw(vocab: int, memory_mb: Optional[int] = None) -> int:
     vocabulary and 1024 MB -> 73 rows, so a seeded verify of 48 requests x 16 positions draws
     in 11 chunks instead of holding about 10 GB at once."""
     if memory_mb is None:
-        memory_mb = int(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB)
+        memory_mb = knobs.value(MEMORY_ENV)
     if memory_mb <= 0:
         raise ValueError(f"{MEMORY_ENV} must be positive, got {memory_mb}")
     return max(1, (memory_mb << 20) // (BYTES_PER_LOGIT * vocab))

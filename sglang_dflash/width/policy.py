@@ -62,8 +62,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from sglang_dflash.knobs import ADAPTIVE_WIDTH_ENV as ENV_VAR
-from sglang_dflash.knobs import FAIR_SLACK_ENV
+from sglang_dflash.knobs import FAIR_SLACK  # a draft width may make a request's tokens this much slower
+
+ENV_VAR = "SGLANG_DFLASH_ADAPTIVE_WIDTH"
+FAIR_SLACK_ENV = "SGLANG_DFLASH_FAIR_SLACK"
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,6 @@ DRAFT_MARGIN = 1.05  # a draft width is chosen only if it promises this much mor
 FAR_BELOW = 0.8  # when every draft width promises less than this share of no draft's rate ...
 FAR_PROBE_FACTOR = 4  # ... probes are this many times rarer
 NARROW_MARGIN = 1.03  # a narrower draft width only if it promises this much more than the full
-FAIR_SLACK = 0.05  # a draft width may make a request's tokens at most this much slower than none
 
 
 def expected_commit(rates: Sequence[float]) -> np.ndarray:
@@ -478,56 +479,38 @@ class WidthPolicy:
         self.processed = tokens
 
 
-def parse_fair_slack(value: Optional[str]) -> Optional[float]:
-    """`SGLANG_DFLASH_FAIR_SLACK`: unset -> FAIR_SLACK; "off" -> None (the batch's throughput
-    alone decides); else a fraction >= 0."""
-    if value in (None, ""):
-        return FAIR_SLACK
-    if value == "off":
-        return None
-    try:
-        slack = float(value)
-    except ValueError:
-        slack = -1.0
-    if not slack >= 0:
-        raise ValueError(f"{FAIR_SLACK_ENV} must be a fraction >= 0 or off, got {value!r}")
-    return slack
-
-
 def policy_for(
     num_draft_tokens: int,
     device_type: str,
-    env: Optional[str],
+    adaptive: Optional[bool] = None,
     tp_size: int = 1,
-    fair_slack: Optional[str] = None,
+    fair_slack: Optional[float] = FAIR_SLACK,
     graph_widths: Optional[Sequence[int]] = None,
 ) -> tuple[Optional[WidthPolicy], str]:
     """The policy for this server, or None for the fixed width; with the reason, for the log.
 
-    `SGLANG_DFLASH_ADAPTIVE_WIDTH=0` forces the fixed width and `=1` adapts on any device. Unset,
-    it adapts on CPU, and on CUDA when the target has verify graphs at several widths
+    `adaptive` is SGLANG_DFLASH_ADAPTIVE_WIDTH (`knobs.Knobs.adaptive_width`): False (=0) forces
+    the fixed width and True (=1) adapts on any device. None (unset) adapts on CPU, and on CUDA
+    when the target has verify graphs at several widths
     (`graph_widths`, `verify_widths.py`): the policy then chooses among those. Without them a
     narrower step would run eager (SGLang captures the full width only; docs/verify-width.md).
     Under tensor parallelism the width is fixed: each rank's policy times its own steps, and
     ranks that chose different widths would run collectives of different shapes.
-    `fair_slack` is `SGLANG_DFLASH_FAIR_SLACK` (`parse_fair_slack`).
+    `fair_slack` is SGLANG_DFLASH_FAIR_SLACK (`Knobs.fair_slack`; None: off).
     """
-    if env not in (None, "", "0", "1"):
-        raise ValueError(f"{ENV_VAR} must be 0 or 1, got {env!r}")
     if num_draft_tokens < 2:
         return None, "fixed: --speculative-num-draft-tokens is 1"
     if tp_size > 1:
         return None, f"fixed at tp_size {tp_size}: each rank would time its steps, and choose, apart"
-    if env == "0":
+    if adaptive is False:
         return None, f"fixed: {ENV_VAR}=0"
-    slack = parse_fair_slack(fair_slack)
-    if slack is None:
+    if fair_slack is None:
         fairness = f"the batch's throughput alone ({FAIR_SLACK_ENV}=off)"
     else:
-        fairness = f"no request slowed by more than {slack:.0%}"
-    policy = WidthPolicy(num_draft_tokens, fair_slack=slack, allowed=graph_widths)
+        fairness = f"no request slowed by more than {fair_slack:.0%}"
+    policy = WidthPolicy(num_draft_tokens, fair_slack=fair_slack, allowed=graph_widths)
     among = "" if graph_widths is None else f" among {policy.widths[policy.allowed].tolist()}"
-    if env == "1":
+    if adaptive:
         return policy, f"adaptive{among} ({ENV_VAR}=1; {fairness})"
     if device_type == "cpu":
         return policy, f"adaptive{among} (CPU default; {fairness})"

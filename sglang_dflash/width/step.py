@@ -21,30 +21,41 @@ and wherever each width has its own verify backend (on CUDA a one-token verify g
 
 from __future__ import annotations
 
+import itertools
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
-from sglang_dflash.knobs import WIDTH1_FORWARD_ENV, Knobs
+from sglang_dflash.knobs import Knobs, Width1Forward
 from sglang_dflash.width.device_clock import DeviceStepClock
 from sglang_dflash.width.policy import policy_for
 
 COLD_DECODE_STEPS = 8  # a server's first decode steps, whose intervals the policy ignores
+WIDTH1_FORWARD_ENV = "SGLANG_DFLASH_WIDTH1_FORWARD"
 
 
 def decode_when_off(
-    device_type: str, override: Optional[str], verify_attention_mode: str
+    device_type: str, override: Optional[Width1Forward], verify_attention_mode: str
 ) -> tuple[bool, str]:
     """Whether a step at W = 1 runs the target's DECODE forward (else a verify over one token),
-    with the reason. `override`: SGLANG_DFLASH_WIDTH1_FORWARD."""
-    if override not in (None, "", "decode", "verify"):
-        raise ValueError(f"{WIDTH1_FORWARD_ENV} must be decode or verify, got {override!r}")
-    if override:
+    with the reason. `override`: SGLANG_DFLASH_WIDTH1_FORWARD (`Knobs.width1_forward`)."""
+    if override is not None:
         return override == "decode", f"{override} forward ({WIDTH1_FORWARD_ENV}={override})"
     if device_type == "cpu" and verify_attention_mode == "batched":
         return False, "a verify forward over one token (batched CPU verify attention)"
     return True, "the target's decode forward"
+
+
+def forced_widths(width1_steps: int, widths: Sequence[int]) -> Optional[Iterator[int]]:
+    """The test aids' widths, one per decode step: 1 for the first `width1_steps` steps, and
+    `widths` in turn from then on (decode step k takes widths[k % len(widths)]); None when neither
+    is set. Without `widths` the iterator ends after the width-1 steps: the policy's then.
+    E.g., 1 step and (1, 2, 8) -> 1, 2, 8, 1, 2, 8, ..."""
+    if not width1_steps and not widths:
+        return None
+    then = itertools.islice(itertools.cycle(widths), width1_steps, None)  # empty without widths
+    return itertools.chain(itertools.repeat(1, width1_steps), then)
 
 
 class StepWidth:
@@ -62,10 +73,13 @@ class StepWidth:
         )
         self.clock: Optional[DeviceStepClock] = None  # None: host clocks (`use_verify_widths`)
         self.metrics = metrics  # DFlashMetrics or None: the chosen widths' histogram
-        self._width1_steps = knobs.width1_steps  # test aid: no draft for the first N decode steps
         if any(not 1 <= w <= num_draft_tokens for w in knobs.widths):
             raise ValueError(f"SGLANG_DFLASH_TEST_WIDTHS: each width must be in 1..{num_draft_tokens}")
         self._widths = knobs.widths  # test aid: these widths in turn, whatever the policy
+        # The test aids (no draft for the first N decode steps; forced widths), chosen here once:
+        # a server without them asks its policy every step, without a test.
+        forced = forced_widths(knobs.width1_steps, knobs.widths)
+        self._width_for = self._policy_width if forced is None else self._forced_width(forced)
         # (start, bs, width, context, measured) of the last decode step; None after an extend or
         # idle step.
         self._last: Optional[tuple[float, int, int, int, bool]] = None
@@ -133,21 +147,7 @@ class StepWidth:
         count); feeds the interval since the last decode step's start to the policy (host
         clocks only)."""
         now = time.perf_counter()
-        if self._width1_steps > 0:
-            self._width1_steps -= 1
-            width = 1
-        elif self._widths:
-            width = self._widths[self._decode_steps % len(self._widths)]
-        elif self.policy is None:
-            width = self.num_draft_tokens
-        else:
-            if self.clock is not None:
-                for (last_bs, last_width, last_context), seconds in self.clock.poll():
-                    self.policy.observe_step(last_bs, last_width, seconds, last_context)
-            elif self._last is not None and self._last[4]:
-                start, last_bs, last_width, last_context, _ = self._last
-                self.policy.observe_step(last_bs, last_width, now - start - self._excluded, last_context)
-            width = self.policy.choose(bs, context, rids)
+        width = self._width_for(bs, context, rids, now)
         self._decode_steps += 1
         warm = self._decode_steps > COLD_DECODE_STEPS
         measured = self._last is not None and warm
@@ -159,6 +159,27 @@ class StepWidth:
         if self.metrics is not None:
             self.metrics.observe_width(width)
         return width
+
+    def _policy_width(self, bs: int, context: int, rids: Sequence[str], now: float) -> int:
+        """B when fixed; else the policy's choice, after it is fed the last step's cost."""
+        if self.policy is None:
+            return self.num_draft_tokens
+        if self.clock is not None:
+            for (last_bs, last_width, last_context), seconds in self.clock.poll():
+                self.policy.observe_step(last_bs, last_width, seconds, last_context)
+        elif self._last is not None and self._last[4]:
+            start, last_bs, last_width, last_context, _ = self._last
+            self.policy.observe_step(last_bs, last_width, now - start - self._excluded, last_context)
+        return self.policy.choose(bs, context, rids)
+
+    def _forced_width(self, forced: Iterator[int]):
+        """`_policy_width` under the test aids: their next width while they have one."""
+
+        def width_for(bs: int, context: int, rids: Sequence[str], now: float) -> int:
+            width = next(forced, None)
+            return self._policy_width(bs, context, rids, now) if width is None else width
+
+        return width_for
 
     def end_step(self) -> None:
         """The decode step has launched all its work (the device clock's end event)."""

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from sglang_dflash.knobs import VerifyGraphs
 from sglang_dflash.width.verify_widths import VerifyWidths, WidthPair, step_cost_table, why_not_per_width
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _uses_hybrid_state(runner) -> bool:
 
 
 def verify_widths_for(
-    runner, num_draft_tokens: int, mode: Optional[str], tp_size: int
+    runner, num_draft_tokens: int, mode: VerifyGraphs, tp_size: int
 ) -> tuple[Optional[VerifyWidths], str]:
     """The target's per-width pairs, built now (after SGLang's width-B graphs, so narrower
     graphs reuse the pool's blocks), or None; with the reason or the description."""

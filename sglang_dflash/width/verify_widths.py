@@ -32,6 +32,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from sglang_dflash.knobs import VerifyGraphs
+
 logger = logging.getLogger(__name__)
 
 HEADROOM_GB = 1.0  # device memory left free after the last width's graphs, for the forward itself
@@ -55,7 +57,7 @@ def graph_widths(num_draft_tokens: int) -> tuple[int, ...]:
 def why_not_per_width(
     *,
     device_type: str,
-    mode: Optional[str],
+    mode: VerifyGraphs,
     num_draft_tokens: int,
     tp_size: int,
     hybrid: bool,
@@ -67,13 +69,12 @@ def why_not_per_width(
     pdmux: bool = False,
 ) -> Optional[str]:
     """None when each width gets its own pair, else why not (for the start-up line).
-    `mode`: SGLANG_DFLASH_VERIFY_GRAPHS, unset (per-width graphs on CUDA), "0" (none) or
-    "eager" (a test aid: per-width attention backends without graphs, on any device).
+    `mode`: SGLANG_DFLASH_VERIFY_GRAPHS (`knobs.Knobs.verify_graphs`): "on" (unset: per-width
+    graphs on CUDA), "off" (=0: none) or "eager" (a test aid: per-width attention backends without
+    graphs, on any device).
     The refusals are what SGLang's adaptive EAGLE refuses too, and what has not run yet (DP
     attention is refused for the whole server, `server_args.py`)."""
-    if mode not in (None, "", "0", "eager"):
-        raise ValueError(f"SGLANG_DFLASH_VERIFY_GRAPHS must be 0 or eager, got {mode!r}")
-    if mode == "0":
+    if mode == "off":
         return "SGLANG_DFLASH_VERIFY_GRAPHS=0"
     if num_draft_tokens < 2:
         return "--speculative-num-draft-tokens is 1"

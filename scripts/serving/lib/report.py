@@ -18,7 +18,7 @@ LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
 # The environment of a simulated-acceptance run: SGLang's knobs, and our geometric method.
-SIMULATION_PREFIXES = ("SGLANG_SIMULATE_ACC_", "SGLANG_DFLASH_SIMULATE_ACC_")
+SIMULATION_PREFIX = "SGLANG_SIMULATE_ACC_"  # SGLang's (ours, SGLANG_DFLASH_SIMULATE_ACC_METHOD, from knobs)
 SIMULATION_KNOBS = (
     "SGLANG_SIMULATE_ACC_METHOD",
     "SGLANG_SIMULATE_ACC_TOKEN_MODE",

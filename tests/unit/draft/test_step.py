@@ -49,24 +49,16 @@ def test_padded_host_lens():
 def test_why_no_graphs_at_all():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     reason = draft_step.graphs_unavailable_reason
-    assert reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=False, env=None) is None
-    assert reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=False, env="1") is None
+    assert reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=False) is None
+    assert reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=False, enabled=True) is None
     assert (
-        reason(device=cpu, attention_name="flashinfer", disable_cuda_graph=False, env=None)
-        == "the draft runs on cpu"
+        reason(device=cpu, attention_name="flashinfer", disable_cuda_graph=False) == "the draft runs on cpu"
     )
-    assert (
-        reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=True, env=None)
-        == "--disable-cuda-graph"
-    )
+    assert reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=True) == "--disable-cuda-graph"
     assert "SGLANG_DFLASH_DRAFT_CUDA_GRAPH=0" in reason(
-        device=cuda, attention_name="flashinfer", disable_cuda_graph=False, env="0"
+        device=cuda, attention_name="flashinfer", disable_cuda_graph=False, enabled=False
     )
-    assert "torch-sdpa" in reason(
-        device=cuda, attention_name="torch-sdpa (x)", disable_cuda_graph=False, env=None
-    )
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        reason(device=cuda, attention_name="flashinfer", disable_cuda_graph=False, env="yes")
+    assert "torch-sdpa" in reason(device=cuda, attention_name="torch-sdpa (x)", disable_cuda_graph=False)
 
 
 def test_why_a_step_runs_eagerly():
@@ -392,14 +384,6 @@ def test_plan_free_bound_within_the_draft_window():
     got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
     assert_same_step(got, eager(s.req_to_token, rows, bonus, seq_lens, host, True), rtol=1e-5, atol=1e-5)
     assert Rerun.replays == 1 and graphed.graphs[2].attention.context_slots.shape[1] == 0
-
-
-def test_the_plan_free_bound_knob():
-    assert draft_step.plan_free_max_len(None) == 2048 == draft_step.plan_free_max_len("")
-    assert draft_step.plan_free_max_len("0") is None
-    assert draft_step.plan_free_max_len("512") == 512
-    with pytest.raises(ValueError, match="SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN"):
-        draft_step.plan_free_max_len("-1")
 
 
 def test_page_indices_are_counted_within_the_draft_window():
