@@ -18,6 +18,7 @@ from typing import Optional
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.checkpoint.mask_token import resolve_mask_token_id
 from sglang_dflash.integration import unserved_targets
+from sglang_dflash.knobs import Knobs
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ def handle_dflash_server_args(server_args) -> None:
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
     from sglang.srt.runtime_context import attn_dp_enabled_of
 
+    # Every environment variable, parsed and checked here in the launching process, whatever the
+    # device: a bad value fails the launch (`knobs.py`; the schedulers inherit this environment).
+    Knobs.from_env()
     cfg = resolving_view(server_args)
     if not (cfg.device.startswith("cuda") or cfg.device == "cpu"):
         raise ValueError(

@@ -2,11 +2,13 @@
 the field and its value."""
 
 import os
+from unittest import mock
 
 import pytest
 import torch
 
 from sglang_dflash.checkpoint.config import CheckpointError
+from sglang_dflash.knobs import KnobError
 from tests.support import engines
 
 
@@ -83,6 +85,19 @@ def test_num_draft_tokens_above_block_size(tiny):
         "--speculative-num-draft-tokens 17 must be between 2 and the draft checkpoint's block_size 16",
         num_draft_tokens=17,
     )
+
+
+@pytest.mark.sglang
+def test_a_bad_knob_is_refused_at_launch_on_cpu(tiny):
+    """A CUDA-only knob's bad value fails the launch on CPU too, in the launching process, naming
+    the variable, the value and what it takes (the schedulers would inherit the environment)."""
+    with mock.patch.dict(os.environ, {"SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN": "banana"}):
+        _expect_startup_error(
+            tiny.target("a"),
+            tiny.draft("a"),
+            "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN='banana' is not a non-negative integer",
+            error_type=KnobError,
+        )
 
 
 @pytest.mark.sglang
