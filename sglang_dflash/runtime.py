@@ -1,7 +1,7 @@
 """`DraftRuntime`: the draft side of one engine, built in the two phases of SGLang's worker
 hooks, and what it says about itself in the start-up line.
 
-At the worker's construction (`DraftRuntime(...)`):
+At the worker's construction (`DraftRuntime.from_spec`, from SGLang's speculative settings):
   the checkpoint's config, checked against the target (its mask token resolved with the
   target's tokenizer); the layout of the captured target layers the draft's `fc` reads; the
   draft network and its forward (fused kernels on CUDA where they apply, else the module's
@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 
 from sglang_dflash import ops
-from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.checkpoint.config import DFlashDraftConfig, resolve_checkpoint_dir
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding, resolve_mask_token_id
 from sglang_dflash.draft import flashinfer_attention, fused_forward
 from sglang_dflash.draft.attention import SdpaDraftAttention
@@ -43,6 +43,7 @@ from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.integration import draft_context
 from sglang_dflash.integration.draft_pool import DraftKVPool
+from sglang_dflash.integration.server_args import draft_load_format
 from sglang_dflash.integration.target_pool import num_target_slots
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
 from sglang_dflash.propose.lilicorr import LastTokenStore
@@ -113,6 +114,26 @@ class DraftRuntime:
         self.context_check: Optional[draft_context.DraftContextCheck] = None  # PD decode engines
         # LiLiCorr drafts: the context feature of each request's last committed token.
         self.last_tokens: Optional[LastTokenStore] = None
+
+    @classmethod
+    def from_spec(cls, spec, model_load_format: str, runner, tokenizer, tp: TensorParallel, knobs):
+        """From SGLang's speculative settings (`get_spec()`), the target's load format and the
+        worker's knobs: the checkpoint directory resolved (a local path or a Hub id at a
+        revision), SGLang's dummy initialiser for `--speculative-draft-load-format dummy`."""
+        from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+
+        load_format = draft_load_format(spec.speculative_draft_load_format, model_load_format)
+        return cls(
+            resolve_checkpoint_dir(spec.speculative_draft_model_path, spec.speculative_draft_model_revision),
+            runner,
+            tokenizer,
+            tp,
+            num_draft_tokens=int(spec.speculative_num_draft_tokens),
+            context_window=spec.speculative_draft_window_size,
+            init_weights=initialize_dummy_weights if load_format == "dummy" else None,
+            domino_pool_size=spec.speculative_domino_candidate_pool_size,
+            lilicorr_sampled_walks=knobs.lilicorr_sampling,
+        )
 
     def _checked_config(self, path: str, runner, tokenizer, num_draft_tokens: int):
         """The checkpoint's config, checked against the target and B, with its mask token id;

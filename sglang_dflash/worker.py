@@ -1,74 +1,71 @@
 """`DFlashWorker`: the speculative worker SGLang runs for `--speculative-algorithm DFLASH`.
 
-One decode step, for a batch of bs requests with committed lengths `seq_lens`:
+One decode step, for a batch of bs requests with committed lengths `seq_lens`, runs as stages
+over one record (`DecodeStep`, `integration/decode_step.py`):
 
-  1. draft:   block `[bonus, MASK x (Bd-1)]` -> one draft forward over the draft KV store,
-              eager or from a CUDA graph (`draft/step.py`)
-              -> proposals at block positions 1..W-1 (`propose/proposers.py`: the target's lm_head
-              argmax).
-  2. verify:  one target TARGET_VERIFY forward over `[bonus, d1 .. d_{W-1}]` as a causal chain.
-  3. accept:  longest run of proposals equal to the target's predictions, plus its next token;
-              the target's logits adjusted first as decode steps would (penalties, grammar
-              mask, logit_bias, custom logit processors: `verify/verifier.py`), and logprobs taken from
-              them for requests that ask.
-  4. commit:  `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler.
-  5. inject:  the committed tokens' target features -> context K/V in the draft KV store
-              (at W = 1 queued, and injected in bulk before the next draft or extend:
-              `draft/deferred_injection.py`).
+  1. propose:    the step's verify width W (`width/step.py`); the block `[bonus, MASK x (Bd-1)]`
+                 -> one draft forward over the draft KV store, eager or from a CUDA graph
+                 (`draft/step.py`) -> proposals d1 .. d_{W-1} (`propose/proposers.py`). At W = 1
+                 no draft runs.
+  2. constrain:  under a grammar (`propose/grammar.py`), a mask for every verify row, and with
+                 grammar-aware proposals (on by default, `SGLANG_DFLASH_GRAMMAR_PROPOSALS=0`
+                 turns them off) only proposals the grammar allows.
+  3. verify:     one target TARGET_VERIFY forward over `[bonus, d1 .. d_{W-1}]` as a causal chain
+                 (at W = 1, by default, the target's decode forward).
+  4. accept and commit: the longest run of proposals equal to the target's predictions, plus its
+                 next token, on the target's logits adjusted as decode steps would (penalties,
+                 grammar mask, logit_bias, custom logit processors: `verify/verifier.py`);
+                 `new_seq_lens = seq_lens + accept_len + 1`, published to the scheduler; logprobs
+                 from the same logits for requests that ask.
+  5. inject:     the committed tokens' target features -> context K/V in the draft KV store (at
+                 W = 1 queued, and injected in bulk before the next draft or extend:
+                 `draft/deferred_injection.py`).
 
-Grammar-constrained requests (`propose/grammar.py`) get a mask for every verify row, and with
-grammar-aware proposals (on by default, `SGLANG_DFLASH_GRAMMAR_PROPOSALS=0` turns them off)
-the draft proposes only tokens their grammar allows.
-
-Prefill and extend chunks run the target forward and inject every new token (step 5).
-Bd is the checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the
-widest verify, and W (`width/step.py`) this step's: the draft always runs its full trained
-block, and only W tokens are verified.
+Prefill and extend chunks run the target forward and inject every new token. Bd is the
+checkpoint's trained block size; B (`--speculative-num-draft-tokens`) <= Bd is the widest
+verify, and W this step's: the draft always runs its full trained block, and only W tokens are
+verified.
 
 The draft side (checkpoint, network, store, attention, draft step, verifier) is built by
-`DraftRuntime` (`runtime.py`), in the two phases of SGLang's hooks; the environment's
-knobs are read once (`knobs.py`). See docs/architecture.md ("How it works").
+`DraftRuntime` (`runtime.py`), in the two phases of SGLang's hooks; the environment's knobs are
+read once (`knobs.py`). See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from typing import Optional
 
 import torch
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
 from sglang.srt.runtime_context import get_disagg, get_exec, get_memory, get_model, get_parallel, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker, HiCacheDraftMode, HiCacheDraftPlan
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
 from sglang_dflash import IMPL_NAME, __version__
-from sglang_dflash.checkpoint.config import resolve_checkpoint_dir
 from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
 from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
 from sglang_dflash.integration import returned_hidden_states
+from sglang_dflash.integration.decode_step import DecodeStep, idle_result, make_draft_input, proposal_inputs
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
 from sglang_dflash.integration.metrics import DFlashMetrics
-from sglang_dflash.integration.server_args import draft_load_format
 from sglang_dflash.integration.target_forward import decode_forward, verify_forward
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
-from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, Proposals
+from sglang_dflash.propose.proposers import LiLiCorrProposer, Proposals
 from sglang_dflash.runtime import DraftRuntime
 from sglang_dflash.step_timer import StepTimer
-from sglang_dflash.verify.acceptance import simulated_acceptance
+from sglang_dflash.verify.acceptance import simulated_acceptance, simulated_warning
 from sglang_dflash.verify.sampling_mask import sampling_mask_output
 from sglang_dflash.width.step import StepWidth
-from sglang_dflash.width.verify_runners import cost_table, verify_widths_for
+from sglang_dflash.width.verify_runners import start_up_costs, verify_widths_for
 
 logger = logging.getLogger(__name__)
 
@@ -84,19 +81,6 @@ def _draft_tensor_parallel(parallel) -> TensorParallel:
             "is not supported"
         )
     return TensorParallel.from_sglang()
-
-
-def make_draft_input(bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor) -> DFlashDraftInputV2:
-    """SGLang's cross-step DFLASH state: the bonus token and committed length per request."""
-    bs, device = new_seq_lens.numel(), bonus_tokens.device
-    return DFlashDraftInputV2(
-        # Eagle-shaped fields SGLang's overlap relay reads; DFLASH leaves them empty.
-        topk_p=torch.empty((bs, 0), device=device, dtype=torch.float32),
-        topk_index=torch.empty((bs, 0), device=device, dtype=torch.int64),
-        hidden_states=torch.empty((bs, 0), device=device, dtype=torch.float16),
-        bonus_tokens=bonus_tokens.to(torch.int64),
-        new_seq_lens=new_seq_lens.to(torch.int64),
-    )
 
 
 class _StepReadsHostLengths:
@@ -131,17 +115,8 @@ class DFlashWorker(BaseSpecWorker):
         # The draft is sharded over SGLang's TP group, like the target's attention and MLPs.
         self.tp = _draft_tensor_parallel(get_parallel())
         self.num_draft_tokens = int(spec.speculative_num_draft_tokens)  # B, the widest verify
-        load_format = draft_load_format(spec.speculative_draft_load_format, get_model().load_format)
-        self.runtime = DraftRuntime(
-            resolve_checkpoint_dir(spec.speculative_draft_model_path, spec.speculative_draft_model_revision),
-            runner,
-            target_worker.tokenizer,
-            self.tp,
-            num_draft_tokens=self.num_draft_tokens,
-            context_window=spec.speculative_draft_window_size,
-            init_weights=initialize_dummy_weights if load_format == "dummy" else None,
-            domino_pool_size=spec.speculative_domino_candidate_pool_size,
-            lilicorr_sampled_walks=self.knobs.lilicorr_sampling,
+        self.runtime = DraftRuntime.from_spec(
+            spec, get_model().load_format, runner, target_worker.tokenizer, self.tp, self.knobs
         )
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
@@ -181,14 +156,7 @@ class DFlashWorker(BaseSpecWorker):
         aids = "".join(f" [{aid}]" for aid in self.knobs.aids_on())
         logger.info("DFLASH is served by %s %s: %s%s", IMPL_NAME, __version__, line, aids)
         if self.knobs.simulated_acceptance is not None:
-            s = self.knobs.simulated_acceptance
-            logger.warning(
-                "DFLASH acceptance is SIMULATED (SGLANG_SIMULATE_ACC_LEN=%s, method=%s, tokens=%s): "
-                "outputs are not the model's; benchmark use only",
-                s.mean,
-                s.method,
-                s.token_mode,
-            )
+            logger.warning(simulated_warning(self.knobs.simulated_acceptance))
 
     # ------------------------------------------------------------ scheduler API
 
@@ -269,13 +237,7 @@ class DFlashWorker(BaseSpecWorker):
             self._additional_graph_memory_usage["draft_decode"] = used_gb
             self._additional_graph_time_usage["draft_decode"] = seconds
         if self.verify_widths is not None:
-            table, costs = None, "learnt online"
-            if self.verify_widths.graphed:
-                # The plan-free graphs where there are (they serve the short contexts), else the
-                # split-KV ones; either replays its capture-time (empty) contexts.
-                step = self.runtime.step
-                draft_graphs = {size: g.graph for size, g in (step.plan_free or step.graphs).items()}
-                table, costs = cost_table(self.model_runner, self.verify_widths, draft_graphs)
+            table, costs = start_up_costs(self.model_runner, self.verify_widths, self.runtime.step)
             self.step_width.use_verify_widths(self.verify_widths.widths, self.verify_widths.graphed, table)
             described += f"; step costs: {costs}"
         logger.info(
@@ -290,7 +252,7 @@ class DFlashWorker(BaseSpecWorker):
     ) -> GenerationBatchResult:
         if batch.forward_mode.is_idle():
             self.step_width.not_decoding()
-            return self._forward_idle(on_publish)
+            return idle_result(self.device, self.num_draft_tokens, on_publish)
         with self.runtime.verifier.seeded(batch):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 return self._forward_extend(batch, on_publish, grammar_barrier)
@@ -333,74 +295,99 @@ class DFlashWorker(BaseSpecWorker):
         return result
 
     def _forward_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
+        """One decode step, stage by stage over one `DecodeStep` record."""
+        step, proposed = self._propose(batch)
+        self._constrain(step, batch, proposed, grammar_barrier)
+        del proposed  # its logits [bs, W-1, V] are not kept alive through the verify forward
+        self._verify(step, batch)
+        self._accept_and_commit(step, batch, on_publish)
+        self._inject(step, batch)
+        if self.deferred is not None:  # its cost belongs to the steps that queued it
+            self.step_width.exclude(self.deferred.take_flush_seconds())
+        if self.trace_file is not None:  # test aid (host sync; off by default)
+            step.trace(batch.reqs, self.trace_file)
+        self.step_width.end_step()
+        self.timer.end_step(step.bs, width=step.width, probe=self.step_width.probing)
+        return step.result()
+
+    def _propose(self, batch: ScheduleBatch) -> tuple[DecodeStep, Proposals]:
+        """Stage 1: this step's width W and the draft's proposals d1 .. d_{W-1} (none at W = 1,
+        which runs no draft)."""
         seq_lens = batch.seq_lens  # [bs] committed lengths
-        bs = seq_lens.shape[0]
         draft_input: DFlashDraftInputV2 = batch.spec_info
         # [bs] host committed lengths to plan the draft's attention with (no device sync), exact
         # when the scheduler has them, else upper bounds.
         host_lens, host_lens_exact = planning_lens(batch.seq_lens_cpu, draft_input.nxt_kv_lens_cpu)
         # W: the verify width of this step, 1 <= W <= B.
-        width = self.step_width.choose(bs, batch.seq_lens_sum or 0, [req.rid for req in batch.reqs])
+        width = self.step_width.choose(
+            seq_lens.shape[0], batch.seq_lens_sum or 0, [r.rid for r in batch.reqs]
+        )
         # W = 1 through the target's decode forward (else a verify over the window).
-        decoded = width == 1 and self.step_width.decode_when_off
-
+        step = DecodeStep(seq_lens, host_lens, width, decoded=width == 1 and self.step_width.decode_when_off)
         if width == 1:
             # Speculation off for this step: no draft; the target runs one token per request.
-            candidates = draft_input.bonus_tokens.to(torch.int64)[:, None]  # [bs, 1]
-            positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
-            proposed = Proposals(candidates[:, 1:])  # [bs, 0]
-        else:
-            if self.deferred is not None:
-                with self.timer.phase("inject"):
-                    self.deferred.flush()  # the draft reads the tokens committed at W = 1
-            with self.timer.phase("draft"):
-                # [bs, W] x2, [bs, Bd, H]
-                block_ids, positions, block_hidden = self._draft(batch, width, host_lens, host_lens_exact)
-                # With a grammar, its window ranks the draft's candidates by their logits.
-                grammar_rows = [req.grammar is not None for req in batch.reqs] if batch.has_grammar else None
-                inputs = ProposalInputs(block_ids[:, 0], positions, batch.sampling_info, grammar_rows)
-                inputs.req_to_token = self.req_to_token_pool.req_to_token
-                inputs.req_pool_indices = batch.req_pool_indices
-                if width < block_hidden.shape[1]:
-                    inputs.block_hidden = block_hidden
-                proposed = self.runtime.proposer(block_hidden[:, :width], inputs)
-        proposals, draft_q = proposed.tokens, proposed.q  # [bs, W-1]; q: None for point masses
-        grammar_mask = None
+            step.candidates = draft_input.bonus_tokens.to(torch.int64)[:, None]  # [bs, 1]
+            step.positions = seq_lens.to(torch.int64)[:, None]  # [bs, 1]
+            return step, Proposals(step.candidates[:, 1:])  # [bs, 0]
+        if self.deferred is not None:
+            with self.timer.phase("inject"):
+                self.deferred.flush()  # the draft reads the tokens committed at W = 1
+        with self.timer.phase("draft"):
+            # [bs, W] x2, [bs, Bd, H]
+            block_ids, step.positions, block_hidden = self._draft(batch, width, host_lens, host_lens_exact)
+            step.candidates = block_ids[:, :1]  # [bs, 1]: the bonus, before its proposals
+            inputs = proposal_inputs(
+                batch, block_ids, step.positions, block_hidden, self.req_to_token_pool.req_to_token
+            )
+            return step, self.runtime.proposer(block_hidden[:, :width], inputs)
+
+    def _constrain(self, step: DecodeStep, batch: ScheduleBatch, proposed: Proposals, grammar_barrier):
+        """Stage 2: the window `[bonus, d1 .. d_{W-1}]`, its proposals re-picked where a grammar
+        forbids them, with the grammar's mask over its rows."""
+        step.proposals, step.draft_q = proposed.tokens, proposed.q  # [bs, W-1]; q: None for point masses
         if batch.has_grammar:
             with self.timer.phase("grammar"):
                 if grammar_barrier is not None:
                     grammar_barrier()  # the matchers first take in the previous step's tokens
-                proposals, grammar_mask = self.grammar_window(
-                    batch.reqs, proposals, proposed.logits, proposed.fallback
+                step.proposals, step.grammar_mask = self.grammar_window(
+                    batch.reqs, step.proposals, proposed.logits, proposed.fallback
                 )
-                if draft_q is not None:  # a re-picked proposal is a point mass
-                    draft_q = draft_q.pinned(proposals)
-        del proposed  # its logits [bs, W-1, V] are not kept alive through the verify forward
-        if width > 1:
-            candidates = torch.cat([block_ids[:, :1], proposals], dim=1)  # [bs, W] = [bonus, d1..]
+                if step.draft_q is not None:  # a re-picked proposal is a point mass
+                    step.draft_q = step.draft_q.pinned(step.proposals)
+        if step.width > 1:
+            step.candidates = torch.cat([step.candidates, step.proposals], dim=1)  # [bs, W] = [bonus, d1..]
 
+    def _verify(self, step: DecodeStep, batch: ScheduleBatch) -> None:
+        """Stage 3: the target's forward over the window, into the window's KV slots."""
+        candidates, positions, width = step.candidates, step.positions, step.width
+        req_to_token = self.req_to_token_pool.req_to_token
         with self.timer.phase("verify"):
             # The verify window's KV slots, reserved by prepare_for_decode.
-            verify_slots = gather_slots(
-                self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, width
-            )  # [bs, W]
-            if decoded:
-                verified = decode_forward(self.target_worker, batch, candidates, verify_slots)
+            step.verify_slots = slots = gather_slots(
+                req_to_token, batch.req_pool_indices, step.seq_lens, width
+            )
+            if step.decoded:
+                step.verified = decode_forward(self.target_worker, batch, candidates, slots)
             else:
                 with self._verify_backend(width):
-                    verified = verify_forward(self.target_worker, batch, candidates, positions, verify_slots)
-            logits_output = verified.logits_output
+                    step.verified = verify_forward(self.target_worker, batch, candidates, positions, slots)
 
+    def _accept_and_commit(self, step: DecodeStep, batch: ScheduleBatch, on_publish) -> None:
+        """Stage 4: the longest accepted run and its next token, on the logits adjusted as decode
+        steps would; the committed lengths, published; the verifier's and the linear-attention
+        state's commits; logprobs for requests that ask."""
+        candidates, logits_output = step.candidates, step.logits_output
         with self.timer.phase("accept"):
             logits = logits_output.next_token_logits  # [bs*W, V]
             accept_len, out_tokens, new_bonus, logits = self.runtime.verifier.verify(
-                batch, candidates, logits, positions, grammar_mask, draft_q
+                batch, candidates, logits, step.positions, step.grammar_mask, step.draft_q
             )
             if self.knobs.simulated_acceptance is not None:
                 accept_len, out_tokens, new_bonus = simulated_acceptance(
                     candidates, logits, self.knobs.simulated_acceptance, self.num_draft_tokens
                 )
-            commit_lens = (accept_len + 1).to(torch.int32)
+            step.logits, step.out_tokens, step.new_bonus = logits, out_tokens, new_bonus
+            step.commit_lens = commit_lens = (accept_len + 1).to(torch.int32)
             if batch.sampling_info.sampling_mask_batch_indices is not None:
                 logits_output.sampling_mask_output = sampling_mask_output(
                     batch, logits, out_tokens, commit_lens, self.sampling_mask_max_tokens
@@ -408,59 +395,40 @@ class DFlashWorker(BaseSpecWorker):
             if self.check_ranks:
                 check_ranks_agree(self.tp, candidates=candidates, commit_lens=commit_lens, tokens=out_tokens)
             self.runtime.verifier.commit(batch, candidates, commit_lens)
-            if self.linear_state is not None and not decoded:
+            if self.linear_state is not None and not step.decoded:
                 # (A decode forward advanced the linear-attention state itself.)
-                self.linear_state(batch, seq_lens, commit_lens)
-            new_seq_lens = seq_lens + commit_lens.to(seq_lens.dtype)
+                self.linear_state(batch, step.seq_lens, commit_lens)
+            step.new_seq_lens = step.seq_lens + commit_lens.to(step.seq_lens.dtype)
             if on_publish is not None:
-                on_publish(new_seq_lens)
-
+                on_publish(step.new_seq_lens)
         if batch.return_logprob:
             with self.timer.phase("logprobs"):
-                # SGLang's own: one entry per window row, from the adjusted logits; its result
-                # processor keeps the committed rows (accepted proposals and the bonus).
-                logits_output.next_token_logits = logits
-                compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=width)
+                step.compute_logprobs(batch)
 
+    def _inject(self, step: DecodeStep, batch: ScheduleBatch) -> None:
+        """Stage 5: the committed tokens' captured target layers -> their context K/V in the draft
+        KV store (queued at W = 1 when deferred); then the final hidden states requests asked for
+        take the captured layers' place in the output."""
+        logits_output = step.logits_output
         with self.timer.phase("inject"):
             # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
             if not self.knobs.skip_decode_injection:
-                committed = torch.arange(width, device=self.device)[None, :] < commit_lens[:, None]
-                slots = torch.where(committed, verify_slots, 0).view(-1)  # [bs*W]
+                captured, slots = logits_output.hidden_states, step.injection_slots(self.device)  # [bs*W]
                 last_rows = None
                 if self.runtime.last_tokens is not None:  # row b*W + commit_len - 1: the new last token
-                    last_rows = torch.arange(bs, device=self.device) * width + commit_lens - 1
-                if width == 1 and self.deferred is not None:  # no draft reads it before a flush
-                    self.deferred.push(logits_output.hidden_states, positions.reshape(-1), slots)
+                    last_rows = step.last_rows(self.device)
+                positions = step.positions.reshape(-1)
+                if step.width == 1 and self.deferred is not None:  # no draft reads it before a flush
+                    self.deferred.push(captured, positions, slots)
                 else:
-                    self.runtime.inject(
-                        logits_output.hidden_states,
-                        positions.reshape(-1),
-                        slots,
-                        last_rows,
-                        batch.req_pool_indices,
-                    )
+                    self.runtime.inject(captured, positions, slots, last_rows, batch.req_pool_indices)
             returned_hidden_states.hand_over(batch, logits_output)
-        if self.deferred is not None:  # its cost belongs to the steps that queued it
-            self.step_width.exclude(self.deferred.take_flush_seconds())
-        if self.trace_file is not None:
-            self._trace(batch, seq_lens, host_lens, proposals)
-        self.step_width.end_step()
-        self.timer.end_step(bs, width=width, probe=self.step_width.probing)
 
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
-            accept_lens=commit_lens,
-            can_run_cuda_graph=verified.can_run_cuda_graph,
-            next_draft_input=make_draft_input(new_bonus, new_seq_lens),
-            speculative_num_draft_tokens=width,
-            new_seq_lens=new_seq_lens,
-            # Captured per verify slot; a rejected slot is rewritten by the next verify of its
-            # position, so each committed slot ends up with its committed token's values.
-            routed_experts_output=verified.routed_experts_output,
-            indexer_topk_output=verified.indexer_topk_output,
-        )
+    def _verify_backend(self, width: int):
+        """The target's attention backend and graph runner of this width, for its verify."""
+        if self.verify_widths is None:
+            return contextlib.nullcontext()
+        return self.verify_widths.active(width)
 
     def _draft(
         self, batch: ScheduleBatch, width: int, host_lens: torch.Tensor, host_lens_exact: bool
@@ -480,35 +448,3 @@ class DFlashWorker(BaseSpecWorker):
             host_lens_exact,
         )
         return block_ids[:, :width], block_positions[:, :width], hidden
-
-    def _verify_backend(self, width: int):
-        """The target's attention backend and graph runner of this width, for its verify."""
-        if self.verify_widths is None:
-            return contextlib.nullcontext()
-        return self.verify_widths.active(width)
-
-    def _forward_idle(self, on_publish) -> GenerationBatchResult:
-        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        if on_publish is not None:
-            on_publish(empty)
-        return GenerationBatchResult(
-            next_token_ids=empty,
-            accept_lens=torch.empty((0,), dtype=torch.int32, device=self.device),
-            next_draft_input=make_draft_input(empty, empty),
-            speculative_num_draft_tokens=self.num_draft_tokens,
-            new_seq_lens=empty,
-        )
-
-    # ------------------------------------------------------------------ helpers
-
-    def _trace(
-        self, batch: ScheduleBatch, seq_lens: torch.Tensor, host_lens: torch.Tensor, proposals: torch.Tensor
-    ) -> None:
-        """Test aid: record each request's verified proposals per step, with its committed length
-        on the device and the host length the draft's attention plans with (host sync; off by
-        default)."""
-        rows = zip(batch.reqs, seq_lens.tolist(), host_lens.tolist(), proposals.tolist())
-        for req, prefix, host_prefix, row in rows:
-            record = {"rid": req.rid, "prefix_len": prefix, "host_prefix_len": host_prefix, "proposals": row}
-            self.trace_file.write(json.dumps(record) + "\n")
-        self.trace_file.flush()

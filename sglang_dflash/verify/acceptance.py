@@ -90,6 +90,14 @@ def geometric_commit_lens(bs: int, width: int, rate: float, device) -> torch.Ten
     return 1 + accepted.to(torch.int32).cumprod(dim=1).sum(dim=1)
 
 
+def simulated_warning(setting) -> str:
+    """The start-up warning when acceptance is simulated (`knobs.SimulatedAcceptance`)."""
+    return (
+        f"DFLASH acceptance is SIMULATED (SGLANG_SIMULATE_ACC_LEN={setting.mean}, method={setting.method}, "
+        f"tokens={setting.token_mode}): outputs are not the model's; benchmark use only"
+    )
+
+
 def simulated_acceptance(candidates: torch.Tensor, logits: torch.Tensor, setting, full_width: int) -> tuple:
     """SGLang's benchmark knob (`knobs.SimulatedAcceptance`), as its built-in DFLASH applies it:
     a commit length drawn by SGLang, then `forced_acceptance`. logits [bs*W, V].

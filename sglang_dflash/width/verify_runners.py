@@ -98,6 +98,17 @@ def replay_seconds(graphs: dict[int, object]) -> dict[int, float]:
     return seconds
 
 
+def start_up_costs(runner, widths: VerifyWidths, draft_step) -> tuple[Optional[dict], str]:
+    """The step costs the width policy starts from: with verify graphs, `cost_table` over them and
+    the draft step's (`draft/step.py`, `DraftStep`); else None, learnt online."""
+    if not widths.graphed:
+        return None, "learnt online"
+    # The plan-free graphs where there are (they serve the short contexts), else the split-KV
+    # ones; either replays its capture-time (empty) contexts.
+    draft_graphs = {size: g.graph for size, g in (draft_step.plan_free or draft_step.graphs).items()}
+    return cost_table(runner, widths, draft_graphs)
+
+
 def cost_table(runner, widths: VerifyWidths, draft_graphs: dict[int, object]) -> tuple[Optional[dict], str]:
     """(batch size, width) -> seconds of a step, from every verify graph (B's is SGLang's own)
     and the draft step's graphs, each replayed and timed; or None with the reason."""
