@@ -8,7 +8,7 @@ attention sinks.
 **Sinks (gpt-oss).** A per-head sink logit s_h joins each query's softmax as one more column with
 no value: `out = sum_j exp(x_j) v_j / (sum_j exp(x_j) + exp(s_h))`. SGLang's `torch_native`
 backend, the CPU engine's attention on hosts without AMX, takes no `sinks` argument, so gpt-oss
-failed there on its first forward. `install(module)` (from `bootstrap.PATCHES`, in every CPU
+fails there at its first forward. `install(module)` (from `bootstrap.PATCHES`, in every CPU
 engine process, with or without DFLASH) lets its `forward_extend`/`forward_decode` take `sinks`;
 the layers that pass them are served by `paged_attention`, every other layer by SGLang's own
 loop, unchanged. The sink is an extra key column: a zero key and a zero value, with s_h added to

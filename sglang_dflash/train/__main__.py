@@ -1,3 +1,5 @@
+"""`python -m sglang_dflash.train`: the training command line (`cli.py`)."""
+
 import sys
 
 from sglang_dflash.train.cli import main

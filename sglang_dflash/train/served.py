@@ -4,12 +4,12 @@ The teacher-forced tau the loop logs scores every block against the target's fea
 *true* context. Serving drafts from its own committed tokens, one block per step, so the two
 can drift apart ("good training metrics, poor served acceptance"). `speculative_generate` runs
 the serving loop with the reference's semantics (z-lab's `dflash_generate`, greedy): prefill the
-target, then per step draft a block `[last token, MASK x (B-1)]` over the context K/V of every
-committed token, verify it in one target forward, commit the accepted run plus the target's
-next token, and extend the draft's context with the committed tokens' features. `tau_served`
-is the mean number of tokens committed per step. The proposals are read out by the serving
-proposer of the draft's family (`propose/proposers.proposer_for`): the target head's argmax,
-or DFlash2's greedy walk over its selector's lattice.
+target, then per step draft a block `[bonus, MASK x (B-1)]` (the bonus: the last committed
+token) over the context K/V of every committed token, verify it in one target forward, commit
+the accepted run plus the target's next token, and extend the draft's context with the committed
+tokens' features. `tau_served` is the mean number of tokens committed per step. The proposals
+are read out by the serving proposer of the draft's family (`propose/proposers.proposer_for`):
+the target head's argmax, or DFlash2's greedy walk over its selector's lattice.
 
 Python loop per decoding step: this is an evaluation on a few prompts, not the serving path.
 """

@@ -2,7 +2,7 @@
 
 * Nothing to adjust (all greedy; no penalties, logit_bias, grammar or custom logit processor):
   `greedy_verify` on the raw argmax; sampled rows and no adjustment: `sampled_verify` on the raw
-  logits. No grammar or processor work, and no host sync beyond today's.
+  logits. No grammar or processor work, and no host sync.
 * Otherwise the logits of every window position are adjusted as the successive decode steps of
   a non-speculative engine would adjust them, in SGLang's order (`sampling_batch_info.py`,
   `apply_logits_bias`, then `layers/sampler.py`): penalties, the grammar mask, `logit_bias`
