@@ -54,8 +54,8 @@ def _no_engine():
     original_popen = subprocess.Popen.__init__
 
     def popen(self, args, *rest, **kwargs):
-        argv = args if isinstance(args, (list, tuple)) else [args]
-        if any("sglang.launch_server" in str(a) for a in argv):
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        if "sglang.launch_server" in argv:  # `python -m sglang.launch_server ...`
             raise AssertionError(REFUSAL)
         original_popen(self, args, *rest, **kwargs)
 
