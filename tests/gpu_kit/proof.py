@@ -583,7 +583,7 @@ def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
         if record is None or record.status != "ok":
             return False
         site = os.path.join(proof.state, "site")
-        standin = os.path.join(ROOT, "scripts", "gpu", "serve", "standin")
+        standin = os.path.join(ROOT, "tests", "gpu_kit", "serve", "standin")
         path = [site, standin, ROOT] + [p for p in [proof.env.get("PYTHONPATH")] if p]
         proof.env.update(
             PYTHONPATH=os.pathsep.join(path),

@@ -478,7 +478,7 @@ def align_block_size(ids, block: int, experts: int):
 
     import torch
 
-    path = os.path.join(REPO, "scripts", "gpu", "serve", "standin", "sgl_kernel", "moe.py")
+    path = os.path.join(REPO, "tests", "gpu_kit", "serve", "standin", "sgl_kernel", "moe.py")
     spec = importlib.util.spec_from_file_location("standin_moe", path)
     standin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(standin)

@@ -31,7 +31,7 @@ from sglang_dflash.checkpoint.fields import parse_lilicorr
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
-from sglang_dflash.propose.lilicorr import AnchorStore, LiLiCorrHead
+from sglang_dflash.propose.lilicorr import LastTokenStore, LiLiCorrHead
 from sglang_dflash.propose.proposers import LiLiCorrProposer, ProposalInputs, proposer_for
 from sglang_dflash.propose.selector import walk
 from tests.support.sampling_info import greedy_and_sampled
@@ -166,7 +166,7 @@ def test_a_decode_steps_proposals_equal_sglangs_pipeline():
     gen = torch.Generator().manual_seed(3)
     lm_head, embedding = torch.randn(V, H, generator=gen), nn.Embedding(V, H)
     block = torch.randn(BS, B, H, generator=gen)  # the draft's final hidden states
-    anchors = AnchorStore(8, H, torch.float32, "cpu")
+    anchors = LastTokenStore(8, H, torch.float32, "cpu")
     req_to_token = torch.arange(8 * 40).view(8, 40)
     req_pool_indices = torch.tensor([3, 0, 5, 1, 7])
     seq_lens = torch.tensor([10, 4, 22, 9, 31])
@@ -175,7 +175,7 @@ def test_a_decode_steps_proposals_equal_sglangs_pipeline():
     anchors.write(req_pool_indices[2:3], context[2:3], torch.tensor([0]))  # request 2's moved on
 
     proposer = LiLiCorrProposer(ours, _target_head(lm_head, embedding))
-    proposer.anchors = anchors
+    proposer.last_tokens = anchors
     positions = seq_lens[:, None] + torch.arange(B)
     inputs = ProposalInputs(torch.zeros(BS, dtype=torch.int64), positions)
     inputs.req_to_token, inputs.req_pool_indices = req_to_token, req_pool_indices
@@ -196,11 +196,11 @@ def test_a_decode_steps_proposals_equal_sglangs_pipeline():
     )
     want, _ = _sglang_walk(theirs, x, B - 1)
     assert torch.equal(got.tokens, want) and got.q is None  # greedy requests: point masses
-    assert anchors.describe() == "4 of 5 draft steps' requests had their anchor"
+    assert anchors.describe() == "4 of 5 draft steps' requests had their last token's feature"
 
 
-def test_the_anchor_store_knows_each_requests_last_token():
-    store = AnchorStore(4, 3, torch.float32, "cpu")
+def test_the_last_token_store_knows_each_requests_last_token():
+    store = LastTokenStore(4, 3, torch.float32, "cpu")
     store.write(torch.tensor([2, 0]), torch.tensor([[1.0, 2, 3], [4, 5, 6]]), torch.tensor([17, 9]))
     features, valid = store.read(torch.tensor([0, 2, 1]), torch.tensor([9, 18, 0]))
     assert valid.tolist() == [True, False, False]  # request 2's last token is at slot 18 now
