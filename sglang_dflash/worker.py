@@ -27,8 +27,9 @@ verify, and W this step's: the draft always runs its full trained block, and onl
 verified.
 
 The draft side (checkpoint, network, store, attention, draft step, verifier) is built by
-`DraftRuntime` (`runtime.py`), in the two phases of SGLang's hooks; the environment's knobs are
-read once (`knobs.py`). See docs/architecture.md ("How it works").
+`DraftRuntime` (`runtime.py`), in the two phases of SGLang's hooks. The environment's knobs are
+parsed and checked once, at start-up (`knobs.py`, docs/knobs.md), and the aids among them resolved
+into what the step calls (`integration/step_aids.py`). See docs/architecture.md ("How it works").
 """
 
 from __future__ import annotations
@@ -49,20 +50,21 @@ from sglang_dflash import IMPL_NAME, __version__
 from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
-from sglang_dflash.draft.tensor_parallel import TensorParallel, check_ranks_agree
+from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.integration import returned_hidden_states
 from sglang_dflash.integration.decode_step import DecodeStep, idle_result, make_draft_input, proposal_inputs
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
 from sglang_dflash.integration.metrics import DFlashMetrics
+from sglang_dflash.integration.step_aids import StepAids, skipped
 from sglang_dflash.integration.target_forward import decode_forward, verify_forward
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
 from sglang_dflash.propose.proposers import LiLiCorrProposer, Proposals
 from sglang_dflash.runtime import DraftRuntime
 from sglang_dflash.step_timer import StepTimer
-from sglang_dflash.verify.acceptance import simulated_acceptance, simulated_warning
+from sglang_dflash.verify.acceptance import simulated_warning
 from sglang_dflash.verify.sampling_mask import sampling_mask_output
 from sglang_dflash.width.step import StepWidth
 from sglang_dflash.width.verify_runners import start_up_costs, verify_widths_for
@@ -138,9 +140,10 @@ class DFlashWorker(BaseSpecWorker):
         self.linear_state = LinearStateCommit.for_target(runner, skip=self.knobs.skip_state_commit)
         self.sampling_mask_max_tokens = int(get_exec().features.sampling_mask_max_tokens)
         self.verify_widths = None  # the target's backend and graphs per verify width (start-up)
-        self.check_ranks = self.tp.size > 1 and self.knobs.check_ranks
         self.timer = StepTimer(self.knobs.step_timing, self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
-        self.trace_file = open(self.knobs.trace_proposals, "a") if self.knobs.trace_proposals else None
+        self.aids = StepAids.from_knobs(self.knobs, self.tp, self.num_draft_tokens)
+        # SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION: decode steps inject no context K/V.
+        self._inject_committed = skipped if self.knobs.skip_decode_injection else self._inject_committed_kv
         self._log_start_up()
 
     def _log_start_up(self) -> None:
@@ -304,8 +307,7 @@ class DFlashWorker(BaseSpecWorker):
         self._inject(step, batch)
         if self.deferred is not None:  # its cost belongs to the steps that queued it
             self.step_width.exclude(self.deferred.take_flush_seconds())
-        if self.trace_file is not None:  # test aid (host sync; off by default)
-            step.trace(batch.reqs, self.trace_file)
+        self.aids.trace(step, batch.reqs)
         self.step_width.end_step()
         self.timer.end_step(step.bs, width=step.width, probe=self.step_width.probing)
         return step.result()
@@ -382,18 +384,16 @@ class DFlashWorker(BaseSpecWorker):
             accept_len, out_tokens, new_bonus, logits = self.runtime.verifier.verify(
                 batch, candidates, logits, step.positions, step.grammar_mask, step.draft_q
             )
-            if self.knobs.simulated_acceptance is not None:
-                accept_len, out_tokens, new_bonus = simulated_acceptance(
-                    candidates, logits, self.knobs.simulated_acceptance, self.num_draft_tokens
-                )
+            accept_len, out_tokens, new_bonus = self.aids.accepted(
+                candidates, logits, (accept_len, out_tokens, new_bonus)
+            )
             step.logits, step.out_tokens, step.new_bonus = logits, out_tokens, new_bonus
             step.commit_lens = commit_lens = (accept_len + 1).to(torch.int32)
             if batch.sampling_info.sampling_mask_batch_indices is not None:
                 logits_output.sampling_mask_output = sampling_mask_output(
                     batch, logits, out_tokens, commit_lens, self.sampling_mask_max_tokens
                 )
-            if self.check_ranks:
-                check_ranks_agree(self.tp, candidates=candidates, commit_lens=commit_lens, tokens=out_tokens)
+            self.aids.check_ranks(candidates=candidates, commit_lens=commit_lens, tokens=out_tokens)
             self.runtime.verifier.commit(batch, candidates, commit_lens)
             if self.linear_state is not None and not step.decoded:
                 # (A decode forward advanced the linear-attention state itself.)
@@ -409,20 +409,22 @@ class DFlashWorker(BaseSpecWorker):
         """Stage 5: the committed tokens' captured target layers -> their context K/V in the draft
         KV store (queued at W = 1 when deferred); then the final hidden states requests asked for
         take the captured layers' place in the output."""
-        logits_output = step.logits_output
         with self.timer.phase("inject"):
-            # The committed tokens (bonus, d1..d_accept); the rest go to the sink slot 0.
-            if not self.knobs.skip_decode_injection:
-                captured, slots = logits_output.hidden_states, step.injection_slots(self.device)  # [bs*W]
-                last_rows = None
-                if self.runtime.last_tokens is not None:  # row b*W + commit_len - 1: the new last token
-                    last_rows = step.last_rows(self.device)
-                positions = step.positions.reshape(-1)
-                if step.width == 1 and self.deferred is not None:  # no draft reads it before a flush
-                    self.deferred.push(captured, positions, slots)
-                else:
-                    self.runtime.inject(captured, positions, slots, last_rows, batch.req_pool_indices)
-            returned_hidden_states.hand_over(batch, logits_output)
+            self._inject_committed(step, batch)
+            returned_hidden_states.hand_over(batch, step.logits_output)
+
+    def _inject_committed_kv(self, step: DecodeStep, batch: ScheduleBatch) -> None:
+        """The committed tokens (bonus, d1..d_accept) -> their context K/V; the rest go to the sink
+        slot 0."""
+        captured, slots = step.logits_output.hidden_states, step.injection_slots(self.device)  # [bs*W]
+        last_rows = None
+        if self.runtime.last_tokens is not None:  # row b*W + commit_len - 1: the new last token
+            last_rows = step.last_rows(self.device)
+        positions = step.positions.reshape(-1)
+        if step.width == 1 and self.deferred is not None:  # no draft reads it before a flush
+            self.deferred.push(captured, positions, slots)
+        else:
+            self.runtime.inject(captured, positions, slots, last_rows, batch.req_pool_indices)
 
     def _verify_backend(self, width: int):
         """The target's attention backend and graph runner of this width, for its verify."""

@@ -120,3 +120,13 @@ def simulated_acceptance(candidates: torch.Tensor, logits: torch.Tensor, setting
     return forced_acceptance(
         candidates, target_predict, commit_len, real_draft_tokens=setting.token_mode == "real-draft-token"
     )
+
+
+def acceptance_for(setting, full_width: int):
+    """What a step's accepted run is, chosen once at start-up: as verified, or, under SGLang's
+    benchmark knob (`setting`, a `knobs.SimulatedAcceptance`), drawn by `simulated_acceptance`.
+    The result maps (candidates [bs, W], logits [bs*W, V], verified (accept_len, out_tokens,
+    new_bonus)) to the (accept_len, out_tokens, new_bonus) the step commits."""
+    if setting is None:
+        return lambda candidates, logits, verified: verified
+    return lambda candidates, logits, verified: simulated_acceptance(candidates, logits, setting, full_width)
