@@ -169,7 +169,7 @@ def test_every_knob_with_a_parser_is_tried_good_and_bad():
     assert {name for name, _, _ in BAD} | path_knobs | {"SGLANG_LILICORR_REQUIRE_SAMPLING"} == parsed
 
 
-def test_the_plan_free_bound_the_brief_names():
+def test_a_plan_free_bound_that_is_not_a_number_is_refused_by_name():
     with pytest.raises(KnobError) as error:
         Knobs.from_env({"SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN": "banana"}, simulated=False)
     assert str(error.value) == "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN='banana' is not a non-negative integer"
