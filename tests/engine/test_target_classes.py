@@ -133,8 +133,7 @@ CLASSES = {
     "mellum": ("mellum", 2, 6.0, {}, 1.1),
     "ministral3": ("ministral3", 0, 16.0, {}, 1.2),
     "llama4": ("llama4", 1, 8.0, {}, 1.2),
-    # Served in bf16 whatever --dtype says (SGLang's MODEL_OVERRIDES), both engines: the target is
-    # peaked enough that its greedy choices are not near ties at bf16's precision.
+    # Served in bf16 whatever --dtype says (SGLang's MODEL_OVERRIDES), both engines (`BF16`).
     "mistral_large_3": ("mistral_large_3", 0, 3.0, {}, 1.5),
     "cosmos3": ("cosmos3", 2, 2.5, {}, 1.2),  # Qwen3-VL's weights (CONVERTED_FROM), seed and favour
     # Without a processor in the tiny checkpoint: text only, as --enable-multimodal false serves.
@@ -457,31 +456,66 @@ def served(request, tiny):
     return name, target, plain, dflash, state
 
 
+# Classes SGLang serves in bf16 whatever --dtype says: their tiny targets' top two logits are often
+# closer than bf16's rounding (margins of 0.002 at logits of 3.3, where a bf16 step is 1/64), so
+# which of the two an engine picks depends on the CPU's kernels. Their greedy ids are checked
+# against the float32 oracle instead, token by token on their own prefix (`_unexplained`).
+BF16 = {"mistral_large_3"}
+
+
+def _unexplained(oracle, prompts, outputs) -> list[str]:
+    """Each output's tokens, teacher-forced through the float32 oracle (one forward over prompt +
+    output): a token that is neither the oracle's argmax after that output's own prefix nor within
+    bf16 rounding of it (`lossless.is_near_tie`: two steps at the top logit's magnitude) is named."""
+    from tests.gpu_kit.serve.lossless import is_near_tie
+
+    found = []
+    for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
+        with torch.no_grad():
+            logits = oracle(torch.tensor([prompt + ids[:-1]])).logits[0, len(prompt) - 1 :]  # [n, V]
+        top = logits.max(-1).values  # [n]
+        chosen = logits.gather(-1, torch.tensor(ids)[:, None])[:, 0]  # [n]
+        for j in range(len(ids)):
+            if not is_near_tie(float(top[j] - chosen[j]), abs(float(top[j])), "bfloat16"):
+                found.append(f"prompt {i} token {j}: {ids[j]}, {float(top[j] - chosen[j]):.3f} below the top")
+    return found
+
+
 def test_the_plain_engine_matches_transformers(served, tiny):
     from sglang.srt.utils.hf_transformers.config import get_config
 
     name, target, plain, _, _ = served
     assert get_config(target, trust_remote_code=True).architectures == [ARCHITECTURES[name]]
+    if name in BF16:
+        assert not _unexplained(_oracle(tiny, name, target), PROMPTS[:4], _ids(plain[1])), name
+        return
     for i, ids in enumerate(_greedy_ids(_oracle(tiny, name, target), PROMPTS[:4])):
         assert ids == plain[1][i]["output_ids"], f"{name}: prompt {i}"
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_dflash_is_greedy_lossless_and_accepts(served, batch_size):
-    name, _, plain, dflash, state = served
+def test_dflash_is_greedy_lossless_and_accepts(served, batch_size, tiny):
+    name, target, plain, dflash, state = served
     assert state["dflash_implementation"].startswith("sglang-dflash")
     got, want = _ids(dflash[batch_size]), _ids(plain[batch_size])
-    mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
-    assert not mismatches, f"{name}: prompts {mismatches} differ"
+    if name in BF16:  # DFLASH's own tokens, each the target's up to bf16 rounding
+        prompts = PROMPTS[: len(got)]
+        assert not _unexplained(_oracle(tiny, name, target), prompts, got), name
+    else:
+        mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+        assert not mismatches, f"{name}: prompts {mismatches} differ"
     if batch_size == 4:  # the acceptance over all eight prompts
         meta = [o["meta_info"] for o in dflash[4]]
         accepted = sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
         assert accepted > CLASSES[name][4], f"{name}: {accepted:.2f} tokens per verify"
 
 
-def test_a_prefix_cache_round(served):
-    name, _, plain, dflash, _ = served
-    assert _ids(dflash["prefixed"]) == _ids(plain["prefixed"]), name
+def test_a_prefix_cache_round(served, tiny):
+    name, target, plain, dflash, _ = served
+    if name in BF16:
+        assert not _unexplained(_oracle(tiny, name, target), PREFIXED, _ids(dflash["prefixed"])), name
+    else:
+        assert _ids(dflash["prefixed"]) == _ids(plain["prefixed"]), name
     # The second request reuses what the engine without speculation reuses: the shared prefix, or
     # on PARTIAL_PREFIX targets what SGLang's SWA or mamba radix cache keeps of it (nothing, on
     # these prompts, for some).
