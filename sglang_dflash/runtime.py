@@ -162,6 +162,7 @@ class DraftRuntime:
             ("draft", self.path),
             ("layers", self.config.num_hidden_layers),
             ("draft_options", ", ".join(self.config.options_in_use()) or "none"),
+            ("draft_inert_fields", self.inert_fields_line()),
             ("draft_weights", self.weights_line()),
             ("mask_row", self.head.mask_row_kind),
             ("target_layer_ids", f"{list(self.features.layer_ids)} ({self.features.describe()})"),
@@ -173,6 +174,13 @@ class DraftRuntime:
             ("lm_head", self.head.kind),
             ("proposals", self.proposer.name),
         ]
+
+    def inert_fields_line(self) -> str:
+        """The config keys accepted and not applied, because they change no proposal."""
+        fields = self.config.inert_fields
+        if not fields:
+            return "none"
+        return f"{', '.join(fields)} (not applied: they keep the argmax of the target's head)"
 
     def weights_line(self) -> str:
         """The draft's weights as served; for fp8 ones, the memory their dequantisation costs."""

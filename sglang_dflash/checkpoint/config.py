@@ -196,6 +196,10 @@ class DFlashDraftConfig:
     # `input_layernorm` of the context feature, and with `gating` the attention output is scaled
     # by softplus(g_proj(x)) per head or per element before `o_proj`.
     gating: str = "disabled"  # "per-head", "per-element" or "disabled"
+    # Keys accepted because they change no proposal of this draft, as 'name = value' (not
+    # applied; named at start-up): a positive multiplier or a soft-cap of the target head's logits
+    # on a draft proposing their argmax (`contract.inert_fields`), e.g. the Gemma-4 drafts' cap.
+    inert_fields: tuple[str, ...] = ()
 
     @property
     def is_laguna(self) -> bool:
@@ -462,6 +466,7 @@ class DFlashDraftConfig:
             **domino,
             **lilicorr,
             gating=gating,
+            inert_fields=contract.inert_fields(raw, architecture),
             attention_value_scale=value_scale,
             swa_window=swa_window,
             quantization=parse_quantization(raw.get("quantization_config")),

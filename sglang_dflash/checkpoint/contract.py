@@ -56,23 +56,31 @@ LILICORR_KEYS = frozenset(
     }
 )  # fmt: skip
 
+DSPARK = "DSpark (a separate algorithm, --speculative-algorithm DSPARK)"
 # architectures[0] -> the family SGLang 0.5.23 serves under that class and this package does not.
 # Served: `config.SERVED_ARCHITECTURES`.
-REFUSED_ARCHITECTURES = {
-    "Qwen3DSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
-    "LingDSparkModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
-    "DSparkDraftModel": "DSpark (a separate algorithm, --speculative-algorithm DSPARK)",
-}
+REFUSED_ARCHITECTURES = {"Qwen3DSparkModel": DSPARK, "LingDSparkModel": DSPARK, "DSparkDraftModel": DSPARK}
+
+
+def refused_family(arch: Any) -> Optional[str]:
+    """The family of a draft class this package does not serve, or None. Any class named for
+    DSpark is DSpark's: vendors subclass it per target (LiquidAI's `Lfm2DSparkDraftModel`)."""
+    if not isinstance(arch, str):
+        return None
+    if arch in REFUSED_ARCHITECTURES:
+        return REFUSED_ARCHITECTURES[arch]
+    return DSPARK if "dspark" in arch.lower() else None
 
 
 def refuse_architecture(architectures: Any) -> None:
     """A class of another draft family is refused by its family's name."""
     if isinstance(architectures, list):
         for arch in architectures:
-            if arch in REFUSED_ARCHITECTURES:
+            family = refused_family(arch)
+            if family is not None:
                 raise RefusedCheckpoint(
                     f"draft config field 'architectures' is {architectures!r}: "
-                    f"{REFUSED_ARCHITECTURES[arch]} drafts are not served by sglang-dflash; {WAY_OUT}"
+                    f"{family} drafts are not served by sglang-dflash; {WAY_OUT}"
                 )
 
 
@@ -86,13 +94,17 @@ class Declares:
     the top level (where SGLang's plain draft does not read it); `served_for`: architectures
     whose `dflash_config` declares it as served (refused at the top level, which SGLang does
     not read, and on every other class); `top_level_for`: architectures whose top level declares
-    it as served (refused in `dflash_config`, which SGLang does not read for it)."""
+    it as served (refused in `dflash_config`, which SGLang does not read for it);
+    `inert_on_argmax`: the values that change no proposal of a draft proposing the argmax of the
+    target's LM head (`proposes_target_argmax`): accepted there, in either scope, and named at
+    start-up (`inert_fields`)."""
 
     family: str
     is_off: Callable[[Any], bool]
     top_level_only: bool = False
     served_for: tuple[str, ...] = ()
     top_level_for: tuple[str, ...] = ()
+    inert_on_argmax: Optional[Callable[[Any], bool]] = None
 
 
 def _absent(value: Any) -> bool:
@@ -109,6 +121,18 @@ def _one(value: Any) -> bool:
 
 def _true(value: Any) -> bool:
     return value is None or value is True
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _no_cap(value: Any) -> bool:  # SGLang's reading: a cap of 0 or below is none
+    return value is None or (_real(value) and value <= 0)
+
+
+def _positive(value: Any) -> bool:
+    return _real(value) and value > 0
 
 
 # In the order a refusal names them. (SGLang: speculative/dflash_utils.py,
@@ -134,13 +158,21 @@ REFUSED_KEYS: dict[str, Declares] = {
     # DFlash2's candidate selector head (served on its classes).
     "selector_rank": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
     "selector_top_k": Declares("DFlash2 (candidate selector)", _falsy, served_for=SELECTOR_ARCHITECTURES),
+    # The selector's transform of the target head's logits. A positive scale and a soft-cap
+    # (c tanh(x / c)) are strictly increasing, so on a draft proposing that head's argmax they
+    # change no proposal and no ranking (the Gemma-4 drafts carry their target's cap, 30.0, at the
+    # top level); on the other families they rescale the scores a walk or a GRU adds to.
     "output_multiplier": Declares(
-        "DFlash2 (selector logit multiplier)", _one, served_for=SELECTOR_ARCHITECTURES
+        "DFlash2 (selector logit multiplier)",
+        _one,
+        served_for=SELECTOR_ARCHITECTURES,
+        inert_on_argmax=_positive,
     ),
     "final_logit_softcapping": Declares(
         "DFlash2 (selector logit soft-capping)",
-        lambda v: v is None or v <= 0,
+        _no_cap,
         served_for=SELECTOR_ARCHITECTURES,
+        inert_on_argmax=_real,
     ),
     # Laguna's gate and head counts (served on its class, at the top level as LagunaConfig reads them).
     "gating": Declares(
@@ -247,22 +279,65 @@ def metadata_keys() -> frozenset:
 NEMOTRON_35_KEYS = ("has_embed_tokens", "sample_from_anchor", "attention_sink_bias")
 
 
-def is_nemotron_35(raw: dict) -> bool:
-    """Whether SGLang's built-in treats the draft as Nemotron-3.5's (its own NVFP4 embedding):
-    `is_nemotron_35_draft_config` in speculative/dflash_utils.py, condition for condition."""
+def nemotron_35_unmet(raw: dict) -> list[str]:
+    """What `raw` lacks to be a draft SGLang's built-in treats as Nemotron-3.5's (its own NVFP4
+    embedding): the conditions of `is_nemotron_35_draft_config` in speculative/dflash_utils.py,
+    condition for condition, each named as the field that would meet it. []: Nemotron-3.5's."""
     dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    unmet = []
     if not {"DFlashDraftModel", "Qwen3DSparkModel"} & set(raw.get("architectures") or []):
-        return False
-    if not raw.get("has_embed_tokens") or raw.get("has_lm_head"):
-        return False
+        unmet.append("architectures with 'DFlashDraftModel' or 'Qwen3DSparkModel'")
+    if not raw.get("has_embed_tokens"):
+        unmet.append("has_embed_tokens true")
+    if raw.get("has_lm_head"):
+        unmet.append("has_lm_head false")
     quant = raw.get("quantization_config") or {}
     if not isinstance(quant, dict) or quant.get("quant_algo") != "W4A16_NVFP4":
-        return False
+        unmet.append("the NVFP4 block quantization_config with quant_algo 'W4A16_NVFP4'")
     ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
     aux = raw.get("eagle_aux_hidden_state_layer_ids")
     if not ids or not aux or len(ids) != len(aux) or any(int(t) + 1 != int(a) for t, a in zip(ids, aux)):
-        return False
-    return dflash.get("sample_from_anchor", raw.get("sample_from_anchor", True)) is False
+        unmet.append("eagle_aux_hidden_state_layer_ids equal to target_layer_ids + 1")
+    if dflash.get("sample_from_anchor", raw.get("sample_from_anchor", True)) is not False:
+        unmet.append("sample_from_anchor false")
+    return unmet
+
+
+def is_nemotron_35(raw: dict) -> bool:
+    """Whether SGLang's built-in treats the draft as Nemotron-3.5's (`nemotron_35_unmet`)."""
+    return not nemotron_35_unmet(raw)
+
+
+def proposes_target_argmax(raw: dict, architecture: str) -> bool:
+    """Whether the draft proposes the argmax of the target's LM head on its hidden states (plain
+    DFlash, Muse Glimmer's assistant, Laguna, Nemotron-3.5): a map of those logits that keeps
+    their order changes none of its proposals, nor a grammar's ranking of them. Not DFlash2's or
+    LiLiCorr's walks, nor Domino's corrected logits, which add to the logits' values."""
+    dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    projector = dflash.get("projector_type", raw.get("projector_type"))
+    return architecture not in (*SELECTOR_ARCHITECTURES, LILICORR) and projector is None
+
+
+def _scopes(raw: dict) -> tuple[tuple[str, dict], ...]:
+    """Where a key may sit: (prefix of its name, the dict), dflash_config's then the top level's."""
+    dflash = raw.get("dflash_config") or {}
+    return (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
+
+
+def _inert(rule: Declares, value: Any, argmax: bool) -> bool:
+    return argmax and rule.inert_on_argmax is not None and rule.inert_on_argmax(value)
+
+
+def inert_fields(raw: dict, architecture: str) -> tuple[str, ...]:
+    """The keys `check_config` accepts because they change no proposal of this draft, as
+    'name = value', to name at start-up (they are not applied)."""
+    argmax = proposes_target_argmax(raw, architecture)
+    return tuple(
+        f"{where}{key} = {_short(scope[key])}"
+        for where, scope in _scopes(raw)
+        for key, rule in REFUSED_KEYS.items()
+        if key in scope and not rule.is_off(scope[key]) and _inert(rule, scope[key], argmax)
+    )
 
 
 def check_config(
@@ -276,9 +351,10 @@ def check_config(
     # A Nemotron-3.5 draft's own embedding is served, its top-level sinks are read (as SGLang's
     # draft reads them for it), and its `sample_from_anchor: false` is what SGLang's DFLASH serves
     # with the anchor row layout anyway (only DSpark reads it).
-    nemotron = NEMOTRON_35_KEYS if is_nemotron_35(raw) else ()
-    dflash = raw.get("dflash_config") or {}
-    scopes = (("dflash_config.", dflash), ("", raw)) if isinstance(dflash, dict) else (("", raw),)
+    unmet = nemotron_35_unmet(raw)
+    nemotron = () if unmet else NEMOTRON_35_KEYS
+    argmax = proposes_target_argmax(raw, architecture)
+    scopes = _scopes(raw)
     for key, rule in REFUSED_KEYS.items():
         if key in nemotron:
             continue
@@ -287,7 +363,9 @@ def check_config(
         for where, scope in scopes:
             if ((rule.top_level_only or served) and where) or (served_top and not where):
                 continue
-            if key in scope and not rule.is_off(scope[key]):
+            if key in scope and not rule.is_off(scope[key]) and not _inert(rule, scope[key], argmax):
+                if key == "has_embed_tokens":  # served on Nemotron-3.5's drafts: say what is missing
+                    _refuse_own_embedding(where + key, scope[key], unmet)
                 family = rule.family
                 if served:
                     family += " at the top level (SGLang reads it from dflash_config)"
@@ -425,6 +503,14 @@ def _disagrees(name: str, value: Any, why: str) -> None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_own_embedding(name: str, value: Any, unmet: list[str]) -> None:
+    raise RefusedCheckpoint(
+        f"draft config field {name!r} = {_short(value)} declares the draft's own token embedding, "
+        "which SGLang and sglang-dflash serve on a draft SGLang detects as Nemotron-3.5 "
+        f"(is_nemotron_35_draft_config), and this config lacks {'; '.join(unmet)}; {WAY_OUT}"
+    )
 
 
 def _refuse_key(name: str, value: Any, family: str) -> None:

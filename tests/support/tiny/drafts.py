@@ -1,6 +1,7 @@
 """DFlash drafts in the z-lab checkpoint format (`draft_config_dict`, `make_draft`) and the edits
 that make one a draft of another family: DFlash2's candidate selector (`add_selector`), Domino's
-projector (`add_domino`), a LiLiCorr head (`add_lilicorr`) and Laguna's gates (`add_laguna`)."""
+projector (`add_domino`), a LiLiCorr head (`add_lilicorr`) and Laguna's gates (`add_laguna`); and the
+config fields of z-lab's Gemma-4 drafts, at tiny scale (`as_gemma4_published`)."""
 
 from __future__ import annotations
 
@@ -244,3 +245,21 @@ def add_laguna(path: str, *, gating="per-element", gate_scale: float = 0.1, seed
             )
     save_file(tensors, file)
     return path
+
+
+def as_gemma4_published(config: dict) -> None:
+    """Edit a tiny draft's config.json dict in place to carry what z-lab's Gemma-4 drafts carry,
+    where they carry it (tests/data/published_drafts/z-lab__gemma-4-26B-A4B-it-DFlash.json): their
+    target head's soft-cap at the top level, Qwen3's window switches, every layer sliding but the
+    last (a one-layer draft's only layer is full), a window (8 here, 2048 there), no tied
+    embeddings. The layers keep their weights: sliding ones only narrow what a query sees."""
+    layers = config["num_hidden_layers"]
+    config.update(
+        model_type="qwen3",
+        final_logit_softcapping=30.0,
+        use_sliding_window=True,
+        max_window_layers=layers,
+        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+        sliding_window=8,
+        tie_word_embeddings=False,
+    )

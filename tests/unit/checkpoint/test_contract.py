@@ -16,7 +16,7 @@ import torch
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding
 from sglang_dflash.draft.model import DFlashDraftModel
-from tests.support.tiny import draft_config_dict
+from tests.support.tiny import LILICORR_FIELDS, draft_config_dict
 
 WAY_OUT = "SGLANG_DFLASH_IMPL=builtin"
 
@@ -101,14 +101,90 @@ def test_config_keys_that_declare_unserved_maths_are_refused_by_name(edit, messa
     assert WAY_OUT in str(error.value)
 
 
+DSPARK = "DSpark (a separate algorithm, --speculative-algorithm DSPARK)"
+
+
 @pytest.mark.parametrize(
-    "architecture, family", [("Qwen3DSparkModel", "DSpark"), ("DSparkDraftModel", "DSpark")]
+    "architecture",
+    # LiquidAI's class for its LFM2 drafts, and any other vendor's DSpark subclass (were refused as
+    # "architectures must contain one of [...]", naming no family).
+    ["Qwen3DSparkModel", "DSparkDraftModel", "Lfm2DSparkDraftModel", "AcmeDSparkForCausalLM"],
 )
-def test_other_families_are_refused_by_their_name(architecture, family):
+def test_other_families_are_refused_by_their_name(architecture):
     raw = draft_config_dict()
     raw["architectures"] = [architecture]
-    with pytest.raises(CheckpointError, match=f"{re.escape(family)}.*{WAY_OUT}"):
+    with pytest.raises(CheckpointError, match=f"{re.escape(DSPARK)}.*{WAY_OUT}"):
         DFlashDraftConfig.from_dict(raw)
+
+
+def _lilicorr(raw):
+    raw.update(architectures=["LiLiCorrDraftModel"])
+    raw["dflash_config"].update(LILICORR_FIELDS)
+
+
+def _domino(raw):
+    raw["dflash_config"].update(
+        projector_type="domino", shift_label=False, pure_draft_prefix_len=1, gru_hidden_dim=16, emb_dim=24
+    )
+
+
+def _dflash2(raw):
+    raw.update(architectures=["DFlash2DraftModel"])
+    raw["dflash_config"].update(selector_rank=8, selector_top_k=4)
+
+
+@pytest.mark.parametrize(
+    "family, edit, named",
+    [
+        (None, _top(final_logit_softcapping=30.0), "final_logit_softcapping = 30.0"),  # the Gemma-4 drafts'
+        (None, _dc(final_logit_softcapping=30), "dflash_config.final_logit_softcapping = 30"),
+        (None, _top(output_multiplier=0.5), "output_multiplier = 0.5"),
+        (lambda d: d.update(architectures=["MuseGlimmerAssistantModel"]), _top(final_logit_softcapping=30.0),
+         "final_logit_softcapping = 30.0"),
+    ],
+    ids=["top-soft-cap", "dflash-soft-cap", "multiplier", "muse-assistant"],
+)  # fmt: skip
+def test_logit_maps_that_keep_the_argmax_are_accepted_and_named_on_argmax_drafts(family, edit, named):
+    """A soft-cap (c tanh(x / c)) and a positive scale of the target head's logits are strictly
+    increasing: a draft proposing their argmax proposes the same tokens, and a grammar ranks its
+    candidates alike, with or without them. Accepted, not applied, named at start-up (was refused
+    as DFlash2's selector soft-capping, which refused the published Gemma-4 drafts)."""
+    raw = draft_config_dict()
+    if family:
+        family(raw)
+    edit(raw)
+    config = DFlashDraftConfig.from_dict(raw)
+    assert config.inert_fields == (named,)
+    assert config.final_logit_softcapping is None and config.output_multiplier == 1.0  # not applied
+    assert named not in " ".join(config.options_in_use())  # no departure from the plain maths
+
+
+@pytest.mark.parametrize(
+    "family, edit, words",
+    [
+        (_dflash2, _top(final_logit_softcapping=30.0),
+         "'final_logit_softcapping' = 30.0 declares DFlash2 (selector logit soft-capping) at the top level"),
+        (_lilicorr, _top(final_logit_softcapping=30.0), "'final_logit_softcapping' = 30.0 declares DFlash2"),
+        (_lilicorr, _dc(final_logit_softcapping=30.0), "'dflash_config.final_logit_softcapping' = 30.0"),
+        (_domino, _top(final_logit_softcapping=30.0), "'final_logit_softcapping' = 30.0 declares DFlash2"),
+        (_domino, _dc(output_multiplier=0.5), "'dflash_config.output_multiplier' = 0.5 declares DFlash2"),
+        (None, _top(output_multiplier=-1.0), "'output_multiplier' = -1.0 declares DFlash2"),
+        (None, _top(final_logit_softcapping="30"), "'final_logit_softcapping' = '30' declares DFlash2"),
+    ],
+    ids=["dflash2-top-level", "lilicorr", "lilicorr-dflash-config", "domino", "domino-multiplier",
+         "reversing-multiplier", "not-a-number"],
+)  # fmt: skip
+def test_logit_maps_are_refused_where_they_would_change_a_proposal(family, edit, words):
+    """DFlash2's and LiLiCorr's walks score the head's candidates by their logits' values, and
+    Domino adds its GRU's corrections to them: there a cap or a scale changes the proposals (SGLang
+    applies them on DFlash2's classes only, from dflash_config). A negative scale reverses the order."""
+    raw = draft_config_dict()
+    if family:
+        family(raw)
+    edit(raw)
+    with pytest.raises(CheckpointError) as error:
+        DFlashDraftConfig.from_dict(raw)
+    assert words in str(error.value) and WAY_OUT in str(error.value), str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from sglang_dflash.checkpoint import config_class
 from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig
 from sglang_dflash.draft.model import RotaryEmbedding
 from tests.support import paths
+from tests.support.tiny import as_gemma4_published, draft_config_dict
 
 pytestmark = pytest.mark.sglang  # imports SGLang's config loading and RoPE
 
@@ -42,6 +43,10 @@ SERVED = [
     "poolside__Laguna-S-2.1-DFlash",  # LagunaConfig; sliding_windows, draft_vocab_size, causal
     "poolside__Laguna-XS-2.1-DFlash",
     "XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash",  # sinks, V scale, half RoPE; its window below
+    # Qwen3 drafts of Gemma-4 targets: use_sliding_window with max_window_layers and layer_types, and
+    # the target head's soft-cap at the top level (accepted: it keeps the argmax, test below).
+    "z-lab__gemma-4-26B-A4B-it-DFlash",
+    "z-lab__gemma-4-31B-it-DFlash",
 ]
 # Where we serve what the checkpoint was trained with and SGLang's built-in does not: MiMo's
 # `use_swa` window on every layer (SGLang ignores it; vLLM applies it), as (window, causal) per layer.
@@ -49,8 +54,15 @@ DEPARTURES = {"XiaomiMiMo__MiMo-V2.5-Pro-FP4-DFlash__dflash": {"layers": [(1024,
 REFUSED = {
     # As copied, without its NVFP4 block: not SGLang's Nemotron-3.5, which would skip its own
     # embedding. With the block put back it is served (`test_a_nemotron_35_draft_is_served...`).
-    "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash": "declares the draft's own token embedding",
+    "nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash": (
+        "declares the draft's own token embedding, .* lacks the NVFP4 block quantization_config"
+    ),
+    "LiquidAI__LFM2.5-2.6B-DSpark": r"DSpark \(a separate algorithm, --speculative-algorithm DSPARK\)",
 }
+
+
+def test_every_published_copy_is_served_or_refused():
+    assert {path.stem for path in DATA.glob("*.json")} == set(SERVED) | set(REFUSED)
 
 
 def published(name: str) -> dict:
@@ -250,8 +262,51 @@ def test_a_nemotron_35_draft_is_served_as_sglang_detects_and_reads_it(tmp_path):
             DFlashDraftConfig.from_dict(dict(copy.deepcopy(raw), **{key: value}), DEFAULT_BLOCK)
     raw["dflash_config"]["sample_from_anchor"] = True  # no longer SGLang's Nemotron-3.5
     assert not is_nemotron_35_draft_config(_sglang_config(raw, tmp_path))
-    with pytest.raises(CheckpointError, match="declares the draft's own token embedding"):
+    with pytest.raises(CheckpointError, match="own token embedding, .* lacks sample_from_anchor false;"):
         DFlashDraftConfig.from_dict(raw)
+
+
+def test_a_nemotron_35_draft_without_its_nvfp4_block_is_refused_naming_the_block():
+    """Served with the block (above), so the refusal says what is missing, and only that (was
+    "declares the draft's own token embedding ..., which sglang-dflash does not serve")."""
+    with pytest.raises(CheckpointError) as error:
+        DFlashDraftConfig.from_dict(published("nvidia__NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash"))
+    message = str(error.value)
+    assert (
+        "detects as Nemotron-3.5 (is_nemotron_35_draft_config), and this config lacks the NVFP4 block "
+        in message
+    )
+    assert "lacks the NVFP4 block quantization_config with quant_algo 'W4A16_NVFP4'; serve it" in message
+    assert "does not serve" not in message
+
+
+@pytest.mark.parametrize("name", ["z-lab__gemma-4-26B-A4B-it-DFlash", "z-lab__gemma-4-31B-it-DFlash"])
+def test_the_gemma_4_drafts_soft_cap_is_accepted_and_named(name):
+    """Their top-level `final_logit_softcapping` (30.0, their target head's cap) is a strictly
+    increasing map of the logits whose argmax a plain draft proposes: accepted, named at start-up,
+    not applied (SGLang's built-in reads it from dflash_config, for DFlash2's selector only). Their
+    layers: four sliding ones of 2048 tokens, causal, then a full non-causal one."""
+    config = DFlashDraftConfig.from_dict(published(name))
+    assert config.inert_fields == ("final_logit_softcapping = 30.0",)
+    assert config.final_logit_softcapping is None
+    layers = [(config.layer_window(i), config.layer_is_causal(i)) for i in range(config.num_hidden_layers)]
+    assert layers == [(2048, True)] * 4 + [(None, False)]
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_tiny_gemma_4_stand_in_carries_the_published_fields_and_reads_alike(layers, tmp_path):
+    """`as_gemma4_published` (the engine tests' Gemma-4 draft): the published drafts' fields in their
+    places, the soft-cap named as theirs is, the windows as SGLang reads them."""
+    gemma = published("z-lab__gemma-4-26B-A4B-it-DFlash")
+    raw = draft_config_dict(num_layers=layers)
+    as_gemma4_published(raw)
+    for key in ("final_logit_softcapping", "use_sliding_window", "tie_word_embeddings", "model_type"):
+        assert raw[key] == gemma[key]
+    assert raw["max_window_layers"] == layers and raw["layer_types"][-1] == "full_attention"
+    theirs, _ = sglang_reading(copy.deepcopy(raw), tmp_path)
+    ours, config = our_reading(raw)
+    assert ours["layers"] == theirs["layers"] == [(8, True)] * (layers - 1) + [(None, False)]
+    assert config.inert_fields == ("final_logit_softcapping = 30.0",)
 
 
 def test_without_the_config_class_gpt_oss_would_be_served_otherwise(monkeypatch, tmp_path):
@@ -281,8 +336,20 @@ def _qwen3(**top) -> dict:
             layer_types=["sliding_attention"] * 5, use_sliding_window=True, sliding_window=8, is_causal=False
         ),
         _qwen3(layer_types=["full_attention"] * 5, is_causal=True),
+        _qwen3(  # the Gemma-4 drafts' fields: max_window_layers beside layer_types
+            use_sliding_window=True,
+            max_window_layers=5,
+            layer_types=["sliding_attention"] * 4 + ["full_attention"],
+            sliding_window=2048,
+        ),
     ],
-    ids=["layer-types-from-max-window-layers", "sliding", "sliding-non-causal", "full-causal"],
+    ids=[
+        "layer-types-from-max-window-layers",
+        "sliding",
+        "sliding-non-causal",
+        "full-causal",
+        "gemma-4-windows",
+    ],
 )
 def test_qwen3_window_and_causality_rules_are_sglangs(raw, tmp_path):
     theirs, _ = sglang_reading(copy.deepcopy(raw), tmp_path)
