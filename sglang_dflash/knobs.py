@@ -14,8 +14,9 @@ Consumers get typed values, never the text: the worker's `Knobs` (one field per 
 which), and `value(name)` for the modules that read their own variable: SGLANG_DFLASH_IMPL
 (`use_builtin`), SGLANG_DFLASH_OPS (`ops/`), SGLANG_DFLASH_CPU_VERIFY_ATTENTION
 (`cpu/verify_attention.py`), SGLANG_DFLASH_SAMPLING_MEMORY_MB (`verify/sampling.py`),
-SGLANG_DFLASH_STEP_TIMING (`StepTimer.from_env`), and the build's two (`setup.py`, which loads
-this file by path: at module level it imports the standard library only). Nothing else in the
+SGLANG_DFLASH_STEP_TIMING (`StepTimer.from_env`), SGLANG_DFLASH_ALLOW_OTHER_TARGET
+(`integration/server_args.py`), and the build's two (`setup.py`, which loads this file by path:
+at module level it imports the standard library only). Nothing else in the
 package, scripts/ or setup.py reads an SGLANG_DFLASH_ variable (tests/unit/test_knobs.py checks);
 the GPU kit's two are read by the kit itself (tests/gpu_kit/serve/standin, outside the package).
 
@@ -215,6 +216,9 @@ REGISTRY: tuple[Knob, ...] = (
          "per-request loop (for comparisons)"),
     Knob("SGLANG_DFLASH_SAMPLING_MEMORY_MB", SERVING, POSITIVE, 1024, "verify/sampling.py", None,
          "the transient memory one sampled draw may take, in MB: rows are drawn in chunks that fit"),
+    Knob("SGLANG_DFLASH_ALLOW_OTHER_TARGET", SERVING, SWITCH, False, "integration/server_args.py", None,
+         "1: serve, with a warning, a draft whose config names another target (a num_target_layers, or "
+         "a plain draft's vocab_size, other than the target's); unset: such a draft is refused at launch"),
     # ---- benchmark aids
     Knob("SGLANG_DFLASH_STEP_TIMING", BENCHMARK, APPENDABLE, None, "step_timer.py", "step_timing",
          "per-phase step records appended to this file as JSON lines (the device is synchronized around "

@@ -51,6 +51,12 @@ SERVED_ARCHITECTURES = (
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's default for `mask_token` (speculative/dflash_utils.py)
 MASK_EMBEDDING = "mask_embedding.pt"  # a trained mask-token embedding beside the weights
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# The knob that serves a draft whose config names another target (`check_made_for`).
+ALLOW_OTHER_TARGET = "SGLANG_DFLASH_ALLOW_OTHER_TARGET"
+# Configs pad the vocabulary's rows for their kernels and TP splits (Qwen2.5 writes 151936 or
+# 152064 for one tokenizer; MiMo-V2-Flash 152576 where its published draft says 152064): two
+# vocab_sizes closer than this may be one vocabulary, so they do not say "another target".
+VOCAB_PADDING = 1024
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -147,6 +153,9 @@ class DFlashDraftConfig:
     max_position_embeddings: int
     input_embedding_scale: float = 1.0
     vocab_size: Optional[int] = None
+    # False: `vocab_size` is the config class's default (Qwen3Config's 151936) or the target's,
+    # not a statement about the draft's target.
+    declares_vocab_size: bool = False
     declares_block_size: bool = True  # False: `block_size` is the caller's default
     mask_token: str = DEFAULT_MASK_TOKEN
     # The options SGLang's DFlash draft reads from the config (models/dflash.py):
@@ -312,6 +321,7 @@ class DFlashDraftConfig:
                 raise CheckpointError(f"draft config is missing the field {name!r}")
             return value
 
+        declares_vocab_size = raw.get("vocab_size") is not None  # before a class fills in its default
         archs = raw.get("architectures")
         contract.refuse_architecture(archs)
         architecture = (
@@ -473,6 +483,7 @@ class DFlashDraftConfig:
             max_position_embeddings=int(model("max_position_embeddings", 32768)),
             input_embedding_scale=float(scale),
             vocab_size=vocab_size,
+            declares_vocab_size=declares_vocab_size,
             declares_block_size=get("block_size") is not None,
         )
         contract.check_agreement(raw, top, config)
@@ -552,3 +563,40 @@ class DFlashDraftConfig:
                 f"target's vocab_size {vocab_size}"
             )
         return self.resolve_target_layer_ids(num_layers, after_last_layer)
+
+    def check_made_for(
+        self, *, num_layers: int, vocab_size: int, loops: int = 1, allow_other_target: bool = False
+    ) -> list[str]:
+        """Refuse a draft whose config says it was made for another target: one line naming each
+        field and both values, and the knob that serves it anyway. With `allow_other_target`
+        (ALLOW_OTHER_TARGET set), the same findings are returned, for a warning."""
+        found = self._other_target_fields(num_layers, vocab_size, loops)
+        if found and not allow_other_target:
+            raise CheckpointError(
+                f"{'; '.join(found)}: the draft was made for another target "
+                f"(set {ALLOW_OTHER_TARGET}=1 to serve it anyway)"
+            )
+        return found
+
+    def _other_target_fields(self, num_layers: int, vocab_size: int, loops: int) -> list[str]:
+        """`num_target_layers` against the target's depth (`num_layers`, a loop model's unrolled
+        steps: `loops` runs of its layers), and a plain draft's `vocab_size` against the target's,
+        where the file gives one and the two differ by more than padding (`VOCAB_PADDING`). A
+        plain draft proposes through the target's embedding and LM head, so its vocab_size is
+        only its training target's; the families whose own tensors index the vocabulary (selector
+        codebooks, Nemotron-3.5's embedding, Domino's projector) have their rules in
+        `check_target`."""
+        found = []
+        if self.num_target_layers is not None and self.num_target_layers != num_layers:
+            steps = f" ({num_layers // loops} layers run {loops} times)" if loops > 1 else ""
+            found.append(
+                f"draft config field 'num_target_layers' is {self.num_target_layers} but the target "
+                f"has {num_layers} layers{steps}"
+            )
+        plain = not (self.selector_rank or self.own_embedding or self.projector_type)
+        if plain and self.declares_vocab_size and abs(self.vocab_size - vocab_size) >= VOCAB_PADDING:
+            found.append(
+                f"draft config field 'vocab_size' is {self.vocab_size} but the target's vocab_size "
+                f"is {vocab_size}"
+            )
+        return found

@@ -440,7 +440,7 @@ class DFlashDraftModel(nn.Module):
         check_weight_shapes(
             {k: tuple(p.shape) for k, p in full.named_parameters()},
             {k: tuple(v.shape) for k, v in state.items()},
-            _fc_input(self.num_target_features, self.config.hidden_size),
+            (self.num_target_features, self.config.hidden_size),
             dtypes={k: str(v.dtype) for k, v in state.items()},
         )
         expected = dict(self.named_parameters())
@@ -465,7 +465,7 @@ class DFlashDraftModel(nn.Module):
         check_weight_shapes(
             {k: tuple(p.shape) for k, p in model.named_parameters()},
             {k: shape for k, (shape, _) in header.items()},
-            _fc_input(num_target_features, config.hidden_size),
+            (num_target_features, config.hidden_size),
             dtypes={k: dtype for k, (_, dtype) in header.items()},
         )
 
@@ -483,24 +483,34 @@ class DFlashDraftModel(nn.Module):
         save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
 
 
-def _fc_input(num_target_features: int, hidden_size: int) -> str:
-    return f"fc reads {num_target_features} captured target layer(s) of hidden_size {hidden_size}"
+def _fc_mismatch(found: tuple, num_target_features: int, hidden_size: int) -> str:
+    """fc.weight's input width against the features it reads, both numbers named: its mismatch is
+    the common one, a draft trained on another target's hidden states (another width or another
+    number of captured layers)."""
+    width = num_target_features * hidden_size
+    return (
+        f"draft weight 'fc.weight' has shape {found}: its input width {found[-1]} is not "
+        f"{num_target_features} target layer(s) (target_layer_ids) x the target's hidden_size {hidden_size} "
+        f"= {width}; the draft was made for another target or other target_layer_ids"
+    )
 
 
 def check_weight_shapes(
-    expected: dict[str, tuple], found: dict[str, tuple], fc_input: str, dtypes: dict[str, str]
+    expected: dict[str, tuple], found: dict[str, tuple], fc_features: tuple[int, int], dtypes: dict[str, str]
 ) -> None:
     """Every tensor is a draft weight or refused by `checkpoint/contract.py` (which names its
     family); every expected weight is present with its shape, the error naming the tensor and
-    both shapes. `fc_input` explains fc.weight's input width (its mismatch is the common one: a
-    draft trained for another target)."""
+    both shapes. `fc_features`: the number of target features fc reads and the target's hidden
+    size, to explain an fc.weight of another input width (`_fc_mismatch`)."""
     contract.check_tensors(found, expected, dtypes)
     for name, want in expected.items():
         if name not in found:
             raise CheckpointError(f"draft checkpoint is missing the weight {name!r} (expected shape {want})")
-        if found[name] != want:
-            why = f": {fc_input}" if name == "fc.weight" else ""
-            raise CheckpointError(f"draft weight {name!r} has shape {found[name]}, expected {want}{why}")
+        if found[name] == want:
+            continue
+        if name == "fc.weight" and len(found[name]) == 2 and found[name][0] == want[0]:
+            raise CheckpointError(_fc_mismatch(found[name], *fc_features))
+        raise CheckpointError(f"draft weight {name!r} has shape {found[name]}, expected {want}")
 
 
 def read_weight_header(path: str) -> dict[str, tuple[tuple, str]]:

@@ -15,7 +15,13 @@ import json
 import logging
 from typing import Optional
 
-from sglang_dflash.checkpoint.config import CheckpointError, DFlashDraftConfig, resolve_checkpoint_dir
+from sglang_dflash import knobs
+from sglang_dflash.checkpoint.config import (
+    ALLOW_OTHER_TARGET,
+    CheckpointError,
+    DFlashDraftConfig,
+    resolve_checkpoint_dir,
+)
 from sglang_dflash.checkpoint.mask_token import resolve_mask_token_id
 from sglang_dflash.integration import unserved_targets
 from sglang_dflash.knobs import Knobs
@@ -174,15 +180,10 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
         num_layers=depth,
         after_last_layer=captures_after_last_layer(model_cls),
     )
+    _check_made_for(draft, depth, text)
     dummy = draft_load_format(cfg.speculative_draft_load_format, cfg.load_format) == "dummy"
     if not dummy:  # dummy weights come from config.json alone: no weights to check
         DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
-    if draft.num_target_layers is not None and draft.num_target_layers != depth:
-        logger.warning(
-            "DFLASH draft was trained for a %d-layer target; this target has %d layers",
-            draft.num_target_layers,
-            depth,
-        )
 
     if not hasattr(model_cls, "set_dflash_layers_to_capture"):
         raise CheckpointError(
@@ -192,6 +193,21 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     reason = unserved_targets.refusal(model_cls, text, cfg.device)
     if reason is not None:
         raise ValueError(f"sglang-dflash cannot serve target {arch!r} {reason}")
+
+
+def _check_made_for(draft: DFlashDraftConfig, depth: int, text) -> None:
+    """A draft whose config names another target (its depth, or a plain draft's vocabulary) is
+    refused, where SGLang's built-in only warns: it would serve, proposing from features it was
+    not trained on. SGLANG_DFLASH_ALLOW_OTHER_TARGET=1 serves it with that warning."""
+    allow = knobs.value(ALLOW_OTHER_TARGET)
+    loops = depth // int(text.num_hidden_layers)
+    found = draft.check_made_for(
+        num_layers=depth, vocab_size=int(text.vocab_size), loops=loops, allow_other_target=allow
+    )
+    if found:
+        logger.warning(
+            "DFLASH draft made for another target, served (%s=1): %s", ALLOW_OTHER_TARGET, "; ".join(found)
+        )
 
 
 # SGLang's grammar backends and the package each imports (constrained/base_grammar_backend.py).

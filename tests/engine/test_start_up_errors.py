@@ -51,7 +51,45 @@ def test_mask_token_beyond_vocab(tiny):
 @pytest.mark.sglang
 def test_target_layer_ids_out_of_range(tiny):
     draft = tiny.edited_draft("a", "ids", lambda d: d["dflash_config"].update(target_layer_ids=[7]))
-    _expect_startup_error(tiny.target("a"), draft, "'target_layer_ids' has 7 at index 0, out of range [0, 2]")
+    _expect_startup_error(
+        tiny.target("a"),
+        draft,
+        "'target_layer_ids' has 7 at index 0, out of range [0, 2] for a target with 4 layers",
+    )
+
+
+OTHER_TARGET = (
+    "the draft was made for another target (set SGLANG_DFLASH_ALLOW_OTHER_TARGET=1 to serve it anyway)"
+)
+
+
+@pytest.mark.sglang
+def test_a_draft_for_a_target_of_another_depth_is_refused(tiny):
+    """SGLang's built-in serves it with a warning; the draft would read features it was not trained on."""
+    draft = tiny.edited_draft("a", "depth60", lambda d: d.update(num_target_layers=60))
+    message = f"draft config field 'num_target_layers' is 60 but the target has 4 layers: {OTHER_TARGET}"
+    _expect_startup_error(tiny.target("a"), draft, message)
+
+
+@pytest.mark.sglang
+def test_a_plain_draft_for_another_vocabulary_is_refused(tiny):
+    """Draft "a" proposes through the target's embedding and LM head: another vocab_size is another target."""
+    draft = tiny.edited_draft("a", "vocab151936", lambda d: d.update(vocab_size=151936))
+    message = f"draft config field 'vocab_size' is 151936 but the target's vocab_size is 384: {OTHER_TARGET}"
+    _expect_startup_error(tiny.target("a"), draft, message)
+
+
+@pytest.mark.sglang
+def test_the_knob_serves_a_draft_for_another_target(tiny):
+    """With SGLANG_DFLASH_ALLOW_OTHER_TARGET=1 the launch goes past that check (only warning), to the
+    next: here a misshapen weight (the edited heads), so that no engine has to start."""
+
+    def edit(d):
+        d.update(num_target_layers=60, vocab_size=151936, num_attention_heads=8, num_key_value_heads=4)
+
+    draft = tiny.edited_draft("a", "other-target-bad-q", edit)
+    with mock.patch.dict(os.environ, {"SGLANG_DFLASH_ALLOW_OTHER_TARGET": "1"}):
+        _expect_startup_error(tiny.target("a"), draft, "'layers.0.self_attn.q_proj.weight' has shape")
 
 
 @pytest.mark.sglang
@@ -172,8 +210,9 @@ def _draft_with_weights(tiny, tmp_path, name: str, edit) -> str:
         (
             "narrow-fc",
             lambda t: t.update({"fc.weight": torch.zeros(64, 128)}),
-            "'fc.weight' has shape (64, 128), expected (64, 64): "
-            "fc reads 1 captured target layer(s) of hidden_size 64",
+            "'fc.weight' has shape (64, 128): its input width 128 is not 1 target layer(s) "
+            "(target_layer_ids) x the target's hidden_size 64 = 64; the draft was made for another "
+            "target or other target_layer_ids",
         ),
         (
             "conv",

@@ -94,6 +94,7 @@ GOOD = [
     ("SGLANG_DFLASH_OPS", "cuda", "cuda"),
     ("SGLANG_DFLASH_CPU_VERIFY_ATTENTION", "per-request", "per-request"),
     ("SGLANG_DFLASH_SAMPLING_MEMORY_MB", "2048", 2048),
+    ("SGLANG_DFLASH_ALLOW_OTHER_TARGET", "1", True),
     ("SGLANG_DFLASH_SIMULATE_ACC_METHOD", "geometric", "geometric"),
     ("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "0", 0),
     ("SGLANG_DFLASH_TEST_WIDTHS", "8", (8,)),
@@ -127,6 +128,7 @@ BAD = [
     ("SGLANG_DFLASH_CPU_VERIFY_ATTENTION", "fastest", "batched or per-request"),
     ("SGLANG_DFLASH_SAMPLING_MEMORY_MB", "0", "a positive integer"),
     ("SGLANG_DFLASH_SAMPLING_MEMORY_MB", "1.5", "a positive integer"),
+    ("SGLANG_DFLASH_ALLOW_OTHER_TARGET", "yes", "0 or 1"),
     ("SGLANG_DFLASH_SIMULATE_ACC_METHOD", "uniform", "geometric"),
     ("SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION", "yes", "0 or 1"),  # once silently off
     ("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER", "2", "0 or 1"),
@@ -234,7 +236,7 @@ def test_use_builtin():
 
 def test_the_registry_is_one_table_of_distinct_well_formed_knobs():
     names = [k.name for k in knobs.REGISTRY]
-    assert len(names) == len(set(names)) == 32
+    assert len(names) == len(set(names)) == 33
     for knob in knobs.REGISTRY:
         assert knob.kind in knobs.KINDS, knob.name
         assert knob.name.startswith(("SGLANG_DFLASH_", "SGLANG_")), knob.name

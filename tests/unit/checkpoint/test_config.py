@@ -107,4 +107,81 @@ def test_pairing_checks():
         config.check_target(hidden_size=64, vocab_size=1, num_layers=5)
 
 
+# ------------------------------------------------------------- a draft made for another target
+
+OTHER_TARGET = (
+    "the draft was made for another target (set SGLANG_DFLASH_ALLOW_OTHER_TARGET=1 to serve it anyway)"
+)
+
+
+def test_a_draft_for_a_target_of_another_depth_is_refused_naming_both():
+    config = DFlashDraftConfig.from_dict(draft_config_dict(num_target_layers=60))
+    with pytest.raises(CheckpointError) as error:
+        config.check_made_for(num_layers=6, vocab_size=384)
+    want = f"draft config field 'num_target_layers' is 60 but the target has 6 layers: {OTHER_TARGET}"
+    assert str(error.value) == want
+    # A loop model's depth is its unrolled steps (`target_depth`), named with its runs.
+    with pytest.raises(
+        CheckpointError, match=re.escape("is 4 but the target has 8 layers (4 layers run 2 times)")
+    ):
+        DFlashDraftConfig.from_dict(draft_config_dict()).check_made_for(num_layers=8, vocab_size=384, loops=2)
+    assert config.check_made_for(num_layers=60, vocab_size=384) == []
+    # The knob serves it, the finding returned for the warning.
+    found = config.check_made_for(num_layers=6, vocab_size=384, allow_other_target=True)
+    assert found == ["draft config field 'num_target_layers' is 60 but the target has 6 layers"]
+
+
+def test_a_plain_draft_for_another_vocabulary_is_refused_naming_both():
+    config = DFlashDraftConfig.from_dict(draft_config_dict(vocab_size=151936))
+    with pytest.raises(CheckpointError) as error:
+        config.check_made_for(num_layers=4, vocab_size=1500)
+    want = f"draft config field 'vocab_size' is 151936 but the target's vocab_size is 1500: {OTHER_TARGET}"
+    assert str(error.value) == want
+    both = DFlashDraftConfig.from_dict(draft_config_dict(vocab_size=151936, num_target_layers=60))
+    with pytest.raises(CheckpointError, match="'num_target_layers' is 60 .*; .*'vocab_size' is 151936"):
+        both.check_made_for(num_layers=6, vocab_size=1500)
+    # A difference within a config's padding of its rows may be one tokenizer's: served.
+    assert config.check_made_for(num_layers=4, vocab_size=152064) == []
+    mimo = DFlashDraftConfig.from_dict(draft_config_dict(vocab_size=152064))  # MiMo-V2.5-Pro's draft
+    assert mimo.check_made_for(num_layers=4, vocab_size=152576) == []  # MiMo-V2-Flash's config
+    # A file without vocab_size says nothing of its target (the 151936 read is Qwen3Config's default).
+    raw = draft_config_dict()
+    raw.pop("vocab_size")
+    config = DFlashDraftConfig.from_dict(raw)
+    assert (config.vocab_size, config.declares_vocab_size) == (151936, False)
+    assert config.check_made_for(num_layers=4, vocab_size=1500) == []
+
+
+@pytest.mark.parametrize(
+    "family",
+    [{"selector_rank": 2, "selector_top_k": 4}, {"own_embedding": True}, {"projector_type": "gru"}],
+    ids=["selector-codebooks", "own-embedding", "domino"],
+)
+def test_drafts_whose_own_tensors_index_the_vocabulary_keep_their_own_rules(family):
+    """A selector's codebooks and Nemotron-3.5's embedding may be padded past the target's
+    vocabulary; Domino's projector must match it, refused by `check_target` in its own words."""
+    import dataclasses
+
+    config = dataclasses.replace(DFlashDraftConfig.from_dict(draft_config_dict(vocab_size=512)), **family)
+    assert config.check_made_for(num_layers=4, vocab_size=384) == []
+
+
+def test_an_fc_of_another_input_width_is_refused_naming_both_widths(tmp_path):
+    """fc reads len(target_layer_ids) x hidden_size features: a checkpoint whose fc reads another
+    number was made for another target, or for other layer ids."""
+    from sglang_dflash.draft.model import DFlashDraftModel
+    from tests.support.tiny import make_draft
+
+    path = make_draft(str(tmp_path / "draft"), num_layers=2, target_layer_ids=[0, 1, 2])
+    config = DFlashDraftConfig.from_pretrained(str(path))
+    DFlashDraftModel.check_checkpoint(str(path), config, 3)
+    with pytest.raises(CheckpointError) as error:
+        DFlashDraftModel.check_checkpoint(str(path), config, 2)
+    assert str(error.value) == (
+        "draft weight 'fc.weight' has shape (64, 192): its input width 192 is not 2 target layer(s) "
+        "(target_layer_ids) x the target's hidden_size 64 = 128; the draft was made for another target "
+        "or other target_layer_ids"
+    )
+
+
 # ---------------------------------------------------------------- through sglang.Engine
