@@ -247,6 +247,9 @@ REGISTRY: tuple[Knob, ...] = (
          "sync)"),
     Knob("SGLANG_DFLASH_TRACE_PROPOSALS", DEBUGGING, APPENDABLE, None, "worker.py", "trace_proposals",
          "every request's verified proposals per step appended to this file as JSON lines (host sync)"),
+    Knob("SGLANG_DFLASH_TRACE_FEATURES", DEBUGGING, APPENDABLE, None, "runtime.py", "trace_features",
+         "the target features the draft reads (its fc input), appended to this file as a JSON line per "
+         "injection with their positions (host sync)"),
     # ---- build
     Knob("SGLANG_DFLASH_BUILD_CUDA", BUILD, SWITCH, None, "setup.py", None,
          "unset: build the CUDA extension if nvcc is found (a failed build only warns); 1: build it, or "
@@ -349,6 +352,7 @@ class Knobs:
     # Debugging aids.
     check_ranks: bool = False
     trace_proposals: Optional[str] = None  # a file, checked appendable
+    trace_features: Optional[str] = None  # a file, checked appendable
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ, *, simulated: bool = True) -> "Knobs":
@@ -379,6 +383,7 @@ class Knobs:
             (self.verify_graphs == "eager", "test: per-width verify backends without graphs"),
             (self.check_ranks, "checking that tensor-parallel ranks agree each step"),
             (self.trace_proposals is not None, f"tracing proposals to {self.trace_proposals}"),
+            (self.trace_features is not None, f"tracing target features to {self.trace_features}"),
         ]
         return [text for is_on, text in aids if is_on]
 

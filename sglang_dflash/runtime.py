@@ -44,6 +44,7 @@ from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.integration import draft_context
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.server_args import draft_load_format
+from sglang_dflash.integration.step_aids import skipped
 from sglang_dflash.integration.target_pool import num_target_slots
 from sglang_dflash.propose.domino import DEFAULT_POOL_SIZE
 from sglang_dflash.propose.lilicorr import LastTokenStore
@@ -80,6 +81,7 @@ class DraftRuntime:
         self.context_len = int(runner.model_config.context_len)
         self.vocab_size = int(runner.model_config.vocab_size)
         self.config, self.features = self._checked_config(path, runner, tokenizer, num_draft_tokens)
+        self.trace_features: Callable = skipped  # (positions, features): the worker's aid, if on
         layer_ids = self.features.layer_ids
         self.block_size = self.config.block_size  # Bd, the trained draft block
         self.context_window = context_window  # the draft sees only the last W committed tokens
@@ -222,6 +224,7 @@ class DraftRuntime:
         With `last_tokens` (LiLiCorr), `last_rows` [n] are the rows of the last committed token
         of the requests `req_pool_indices` [n], whose context features that store keeps."""
         features = self.features.arrange(captured)  # [T, K*H]
+        self.trace_features(positions, features)
         ops.inject_context_kv(self.draft_model, self.store, features, positions, slots)
         if self.last_tokens is not None:
             last = features[last_rows].to(self.draft_model.fc.weight.dtype)  # [n, K*H]

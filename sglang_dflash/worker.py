@@ -142,6 +142,7 @@ class DFlashWorker(BaseSpecWorker):
         self.verify_widths = None  # the target's backend and graphs per verify width (start-up)
         self.timer = StepTimer(self.knobs.step_timing, self.device)  # no-op unless SGLANG_DFLASH_STEP_TIMING
         self.aids = StepAids.from_knobs(self.knobs, self.tp, self.num_draft_tokens)
+        self.runtime.trace_features = self.aids.trace_features
         # SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION: decode steps inject no context K/V.
         self._inject_committed = skipped if self.knobs.skip_decode_injection else self._inject_committed_kv
         self._log_start_up()

@@ -5,6 +5,7 @@ step tests no switch."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,9 @@ class StepAids:
     check_ranks: Callable
     # (step, reqs) -> None; SGLANG_DFLASH_TRACE_PROPOSALS: a JSON line per request, host sync.
     trace: Callable
+    # (positions [T], features [T, K*H]) -> None; SGLANG_DFLASH_TRACE_FEATURES: a JSON line per
+    # injection, host sync.
+    trace_features: Callable = skipped
 
     @classmethod
     def from_knobs(cls, knobs, tp, num_draft_tokens: int) -> "StepAids":
@@ -35,4 +39,13 @@ class StepAids:
         if knobs.trace_proposals:
             file = open(knobs.trace_proposals, "a", buffering=1)  # line-buffered: each line lands
             trace = lambda step, reqs: step.trace(reqs, file)  # noqa: E731
-        return cls(acceptance_for(knobs.simulated_acceptance, num_draft_tokens), check, trace)
+        features = skipped
+        if knobs.trace_features:
+            features = functools.partial(_write_features, open(knobs.trace_features, "a", buffering=1))
+        return cls(acceptance_for(knobs.simulated_acceptance, num_draft_tokens), check, trace, features)
+
+
+def _write_features(file, positions, features) -> None:
+    """Test aid: the features the draft's fc reads for T tokens, [T, K*H], with their positions."""
+    record = {"positions": positions.tolist(), "features": features.float().tolist()}
+    file.write(json.dumps(record) + "\n")

@@ -39,6 +39,7 @@ def test_every_knob_is_read_from_its_variable(tmp_path):
         "SGLANG_DFLASH_TEST_WIDTHS": "1,4, 2",
         "SGLANG_DFLASH_CHECK_RANKS": "1",
         "SGLANG_DFLASH_TRACE_PROPOSALS": trace,
+        "SGLANG_DFLASH_TRACE_FEATURES": trace,
     }
     got = Knobs.from_env(env, simulated=False)
     assert got == Knobs(
@@ -60,8 +61,9 @@ def test_every_knob_is_read_from_its_variable(tmp_path):
         widths=(1, 4, 2),
         check_ranks=True,
         trace_proposals=trace,
+        trace_features=trace,
     )
-    assert len(got.aids_on()) == 9
+    assert len(got.aids_on()) == 10
     # Unset or empty: the defaults, and no aid in the start-up line.
     assert Knobs.from_env({}, simulated=False) == Knobs()
     assert Knobs.from_env(dict.fromkeys(env, ""), simulated=False) == Knobs()
@@ -164,9 +166,13 @@ def test_a_bad_value_is_refused_naming_the_variable_the_value_and_what_it_takes(
         Knobs.from_env({name: text}, simulated=False)  # the start-up check
 
 
+# The knobs that name a file to append records to.
+RECORD_FILES = {"SGLANG_DFLASH_STEP_TIMING", "SGLANG_DFLASH_TRACE_PROPOSALS", "SGLANG_DFLASH_TRACE_FEATURES"}
+
+
 def test_every_knob_with_a_parser_is_tried_good_and_bad():
     parsed = {k.name for k in knobs.REGISTRY if k.parser is not None}
-    path_knobs = {"SGLANG_DFLASH_STEP_TIMING", "SGLANG_DFLASH_TRACE_PROPOSALS"}  # below
+    path_knobs = RECORD_FILES  # below
     assert {name for name, _, _ in GOOD} | path_knobs == parsed
     assert {name for name, _, _ in BAD} | path_knobs | {"SGLANG_LILICORR_REQUIRE_SAMPLING"} == parsed
 
@@ -177,10 +183,11 @@ def test_a_plan_free_bound_that_is_not_a_number_is_refused_by_name():
     assert str(error.value) == "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN='banana' is not a non-negative integer"
 
 
-@pytest.mark.parametrize("name", ["SGLANG_DFLASH_STEP_TIMING", "SGLANG_DFLASH_TRACE_PROPOSALS"])
+@pytest.mark.parametrize("name", sorted(RECORD_FILES))
 def test_a_record_file_must_open_for_appending(name, tmp_path):
-    """STEP_TIMING and TRACE_PROPOSALS: a file this process can append to, checked by opening it
-    at start-up (created empty if new; what is there is kept), in a directory that exists."""
+    """STEP_TIMING, TRACE_PROPOSALS and TRACE_FEATURES: a file this process can append to, checked
+    by opening it at start-up (created empty if new; what is there is kept), in a directory that
+    exists."""
     new = tmp_path / "steps.jsonl"
     assert knobs.value(name, {name: str(new)}) == str(new) and new.read_text() == ""
     new.write_text('{"kept": 1}\n')
@@ -236,7 +243,7 @@ def test_use_builtin():
 
 def test_the_registry_is_one_table_of_distinct_well_formed_knobs():
     names = [k.name for k in knobs.REGISTRY]
-    assert len(names) == len(set(names)) == 33
+    assert len(names) == len(set(names)) == 34
     for knob in knobs.REGISTRY:
         assert knob.kind in knobs.KINDS, knob.name
         assert knob.name.startswith(("SGLANG_DFLASH_", "SGLANG_")), knob.name

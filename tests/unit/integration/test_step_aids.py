@@ -15,7 +15,7 @@ ONE_RANK = SimpleNamespace(size=1)
 
 def test_with_every_aid_off_the_step_calls_nothing_and_keeps_the_verified_run():
     aids = StepAids.from_knobs(Knobs(), ONE_RANK, 4)
-    assert aids.check_ranks is skipped and aids.trace is skipped
+    assert aids.check_ranks is skipped and aids.trace is skipped and aids.trace_features is skipped
     verified = (T([1]), T([[5, 6]]), T([6]))
     assert aids.accepted(T([[5, 7, 8, 9]]), torch.zeros(4, 10), verified) is verified
 
@@ -35,6 +35,13 @@ def test_the_trace_writes_one_line_per_request(tmp_path):
     step = SimpleNamespace(trace=lambda reqs, file: file.write(json.dumps([r.rid for r in reqs]) + "\n"))
     aids.trace(step, [SimpleNamespace(rid="a"), SimpleNamespace(rid="b")])
     assert path.read_text() == '["a", "b"]\n'
+
+
+def test_the_feature_trace_writes_one_line_per_injection(tmp_path):
+    path = tmp_path / "features.jsonl"
+    aids = StepAids.from_knobs(Knobs(trace_features=str(path)), ONE_RANK, 4)
+    aids.trace_features(T([3, 4]), torch.tensor([[0.5, 1.0], [2.0, -1.0]], dtype=torch.bfloat16))
+    assert json.loads(path.read_text()) == {"positions": [3, 4], "features": [[0.5, 1.0], [2.0, -1.0]]}
 
 
 def test_rank_checks_run_only_past_one_rank_and_catch_a_disagreement():
