@@ -90,6 +90,15 @@ def _shared_expert_gate_on_cpu(module) -> None:
     module.fused_gate_sigmoid_mul_add = triton_ops.fused_gate_sigmoid_mul_add
 
 
+def _qk_norm_on_cpu(module) -> None:
+    """MiniMax-M2 normalises q and k over all heads with two Triton kernels that assert CUDA
+    tensors, unless the host has AMX."""
+    from sglang_dflash.cpu import triton_ops
+
+    module.rms_sumsq_serial = triton_ops.rms_sumsq_serial
+    module.rms_apply_serial = triton_ops.rms_apply_serial
+
+
 def _gated_delta_net_built_on_cpu(module) -> None:
     """Qwen3-Next builds its gated norm on `torch.get_device_module().current_device()`, which
     names CUDA with a CUDA build of torch (and fails without a GPU); the CPU engine means CPU.
@@ -272,6 +281,7 @@ PATCHES = {
     "sglang.srt.arg_groups.overrides": _mamba_auto_strategy_on_cpu,
     "sglang.srt.models.qwen3_next": _gated_delta_net_built_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
+    "sglang.srt.models.minimax_m2": _qk_norm_on_cpu,
     "sglang.kernels.ops.attention.fla.fused_norm_gate": _gated_norm_on_cpu,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.layers.attention.hybrid_linear_attn_backend": _commit_after_verify_on_cpu,

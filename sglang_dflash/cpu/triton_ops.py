@@ -3,7 +3,8 @@ targets, put in place by `bootstrap.PATCHES`:
 
 * `scatter_mamba_states_after_mtp_verify`: the post-verify mamba state commit (speculative
   decoding on linear-attention layers);
-* `fused_gate_sigmoid_mul_add`: the shared-expert gate of Qwen2-MoE-style blocks (Qwen3-Next).
+* `fused_gate_sigmoid_mul_add`: the shared-expert gate of Qwen2-MoE-style blocks (Qwen3-Next);
+* `rms_sumsq_serial`, `rms_apply_serial`: MiniMax-M2's q/k RMSNorm over all heads at once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ def fused_gate_sigmoid_mul_add(
     """out += sigmoid(hidden_states @ gate_weight) * shared_output; hidden [T, D], gate [D]."""
     gate = torch.sigmoid(hidden_states.float() @ gate_weight.float())[:, None]
     out += (gate * shared_output.float()).to(out.dtype)
+
+
+def rms_sumsq_serial(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of squares, in float32: x1 [B, D1], x2 [B, D2] -> [2B], x1's rows then x2's
+    (SGLang's kernel pads its buffer for an all-reduce; the padding is never read)."""
+    return torch.cat([x1.float().square().sum(-1), x2.float().square().sum(-1)])
+
+
+def rms_apply_serial(x1, x2, w1, w2, sum_sq: torch.Tensor, tp_world: int = 1, eps: float = 1e-5):
+    """RMSNorm of each row of x1 [B, D1] and x2 [B, D2] by the sums of squares `sum_sq` [2B] over
+    the full width (tp_world ranks of D each), times the weights w1 [D1], w2 [D2]."""
+    rows = x1.shape[0]
+    out = []
+    for x, w, total in ((x1, w1, sum_sq[:rows]), (x2, w2, sum_sq[rows : 2 * rows])):
+        inv_rms = torch.rsqrt(total / x.shape[1] / tp_world + eps)[:, None]  # [B, 1]
+        out.append((x.float() * inv_rms * w.float()).to(x.dtype))
+    return out[0], out[1]
 
 
 def _scatter(dst: torch.Tensor, src: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor, src_rows) -> None:

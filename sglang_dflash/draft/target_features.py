@@ -40,29 +40,6 @@ CAPTURES_AFTER_LAST_LAYER = frozenset(
 MUSE_LAYER_OUTPUT_DRAFTS = frozenset({"DFlash2DraftModel", "MuseGlimmerAssistantModel"})
 
 
-# SGLang 0.5.23's Qwen3-VL wrappers (and subclasses: Qwen3-VL-MoE) hand the capture ids, already
-# shifted (+1, "before layer k+1" = "after layer k"), to their inner text model's
-# `set_dflash_layers_to_capture`, which that model (`Qwen3LLMModel`) lacks: start-up failed with an
-# AttributeError, for the built-in too. `complete_inner_capture` gives the inner model what SGLang
-# intends: `layers_to_capture` = the ids it is handed, as SGLang's Qwen3 model sets them.
-INNER_CAPTURE_MISSING = frozenset({"Qwen3VLForConditionalGeneration"})
-
-
-def complete_inner_capture(model) -> Optional[str]:
-    """Give `model.model` the capture method SGLang calls on it, for the classes above (by MRO)
-    whose inner model lacks it; returns the class name it was done for, None otherwise."""
-    name = next((c.__name__ for c in type(model).__mro__ if c.__name__ in INNER_CAPTURE_MISSING), None)
-    inner = getattr(model, "model", None)
-    if name is None or inner is None or hasattr(inner, "set_dflash_layers_to_capture"):
-        return None
-
-    def set_dflash_layers_to_capture(layer_ids: Sequence[int]) -> None:
-        inner.layers_to_capture = list(layer_ids)
-
-    inner.set_dflash_layers_to_capture = set_dflash_layers_to_capture
-    return name
-
-
 def captured_layer_ids(
     layer_ids: Sequence[int], target_model_type: str, draft_architecture: str
 ) -> list[int]:

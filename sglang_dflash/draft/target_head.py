@@ -45,6 +45,24 @@ def _find_lm_head(model):
     )
 
 
+def _find_embedding(model):
+    """The target's token embedding: `get_input_embeddings()`, or, on the classes without that
+    method (SGLang 0.5.23's Qwen2-MoE) or whose method embeds ids instead (MiniMax-M2's takes
+    `input_ids`), their inner model's `embed_tokens`."""
+    import inspect
+
+    method = getattr(model, "get_input_embeddings", None)
+    if method is not None and not inspect.signature(method).parameters:
+        return method()
+    table = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if table is None:
+        raise ValueError(
+            f"sglang-dflash cannot find the token embedding of {type(model).__name__} (no "
+            "get_input_embeddings, no model.embed_tokens); the draft embeds its blocks with the target's"
+        )
+    return table
+
+
 class TargetHead:
     """`embed(ids [N]) -> [N, H]`, `logits(hidden [..., H]) -> [..., V]` (V: the real vocab,
     without padding rows) and `argmax(hidden [..., H]) -> [...]`, the same on every rank."""
@@ -55,7 +73,7 @@ class TargetHead:
 
         self.vocab_size = vocab_size
         self.tp = tp
-        self.embedding = unwrap_lora_layer(model.get_input_embeddings())
+        self.embedding = unwrap_lora_layer(_find_embedding(model))
         self.embed = self.embedding  # replaced by `use_trained_mask_row`
         self.mask_row_kind = "target's"
         head = unwrap_lora_layer(_find_lm_head(model))

@@ -2,8 +2,9 @@
 `create_worker` hook (`plugin.py`) before the worker is built:
 
 * TARGET_VERIFY on the CPU engine's `torch_native` attention (`cpu/verify_attention.py`).
-* The target's hidden-state capture on Qwen3-VL, whose SGLang class calls a method its inner
-  model lacks (`draft/target_features.complete_inner_capture`).
+* The target's hidden-state capture on the classes whose SGLang model lacks DFlash's hook
+  (`draft/target_capture.complete_capture`: Qwen3-VL, Qwen2, Qwen2-MoE, GLM-4-MoE, MiniMax-M2,
+  Gemma-3).
 * Request admission: ours replaces the built-in's DFLASH checks (`admission.py`,
   `verify/sampling_mask.py`), and keeps requests whose sampling state only the worker holds out of
   mixed prefill batches.
@@ -72,18 +73,27 @@ def install_scheduler_hooks() -> None:
     HookRegistry.apply_hooks()
 
 
-def _complete_target_capture(original, self, *args, **kwargs):
-    """Before SGLang configures the target's hidden-state capture: Qwen3-VL targets get the inner
-    method SGLang 0.5.23 calls and lacks (`draft/target_features.complete_inner_capture`)."""
-    if self.spec_aux_config.dflash_use_aux_hidden_state and not use_builtin():
-        from sglang_dflash.draft.target_features import complete_inner_capture
+# How each route of `target_capture` captures, for the start-up line.
+CAPTURE_ROUTES = {
+    "inner": "its inner text model's layers_to_capture",
+    "eagle3": "its EAGLE-3 hook, which records the same residual stream",
+    "residual_stream": "hooks recording the residual stream entering each listed layer",
+}
 
-        fixed = complete_inner_capture(self.model)
-        if fixed is not None:
+
+def _complete_target_capture(original, self, *args, **kwargs):
+    """Before SGLang configures the target's hidden-state capture: a class whose model lacks the
+    DFlash hook SGLang calls gets one (`draft/target_capture.complete_capture`)."""
+    if self.spec_aux_config.dflash_use_aux_hidden_state and not use_builtin():
+        from sglang_dflash.draft.target_capture import complete_capture
+
+        route = complete_capture(self.model)
+        if route is not None:
             logger.info(
-                "DFLASH: %s's inner text model lacks set_dflash_layers_to_capture in this SGLang; "
-                "its layers are captured through the inner model's layers_to_capture",
-                fixed,
+                "DFLASH: %s lacks set_dflash_layers_to_capture in this SGLang; its layers are captured "
+                "through %s",
+                type(self.model).__name__,
+                CAPTURE_ROUTES[route],
             )
     return original(self, *args, **kwargs)
 

@@ -159,6 +159,7 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     weights against the network its config and the target describe."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
+    from sglang_dflash.draft import target_capture
     from sglang_dflash.draft.model import DFlashDraftModel
     from sglang_dflash.draft.target_features import captures_after_last_layer, target_depth
 
@@ -185,11 +186,9 @@ def _check_target(cfg, draft: DFlashDraftConfig, path: str) -> None:
     if not dummy:  # dummy weights come from config.json alone: no weights to check
         DFlashDraftModel.check_checkpoint(path, draft, len(layer_ids))
 
-    if not hasattr(model_cls, "set_dflash_layers_to_capture"):
-        raise CheckpointError(
-            f"target architecture {arch!r} cannot capture the hidden states DFLASH needs "
-            f"({model_cls.__name__} has no set_dflash_layers_to_capture)"
-        )
+    capture = target_capture.refusal(model_cls, bool(cfg.enable_two_batch_overlap))
+    if capture is not None:
+        raise CheckpointError(f"target architecture {arch!r} {capture}")
     reason = unserved_targets.refusal(model_cls, text, cfg.device)
     if reason is not None:
         raise ValueError(f"sglang-dflash cannot serve target {arch!r} {reason}")

@@ -140,17 +140,19 @@ def test_a_bad_knob_is_refused_at_launch_on_cpu(tiny):
 
 @pytest.mark.sglang
 def test_target_without_hidden_state_capture(tiny, tmp_path):
+    """Apertus has an EAGLE-3 capture that sglang-dflash has not checked against DFlash's: refused,
+    as SGLang refuses it, naming the class."""
     import json
     import shutil
 
-    target = str(tmp_path / "qwen2-target")
+    target = str(tmp_path / "apertus-target")
     shutil.copytree(tiny.target("a"), target)
     with open(os.path.join(target, "config.json")) as f:
         config = json.load(f)
-    config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+    config.update(architectures=["ApertusForCausalLM"])
     with open(os.path.join(target, "config.json"), "w") as f:
         json.dump(config, f)
-    _expect_startup_error(target, tiny.draft("a"), "target architecture 'Qwen2ForCausalLM' cannot capture")
+    _expect_startup_error(target, tiny.draft("a"), "target architecture 'ApertusForCausalLM' cannot capture")
 
 
 @pytest.mark.sglang

@@ -126,6 +126,44 @@ def make_family_target(
             **common, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True
         )
         model = transformers.Qwen3MoeForCausalLM(config)
+    elif family == "qwen2":  # biased q/k/v projections
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif family == "qwen2_moe":  # routed experts and a gated shared one on every layer
+        config = transformers.Qwen2MoeConfig(
+            **common, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=True,
+        )  # fmt: skip
+        model = transformers.Qwen2MoeForCausalLM(config)
+    elif family == "glm4_moe":  # GLM-4.5's layers: partial RoPE, a dense first layer, then grouped MoE
+        config = transformers.Glm4MoeConfig(
+            **common, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=True,
+        )  # fmt: skip
+        model = transformers.Glm4MoeForCausalLM(config)
+        with torch.no_grad():  # the routing bias (zero at init) takes part in the choice
+            for layer in model.model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    elif family == "minimax_m2":  # q/k RMSNorm over all heads, half RoPE, sigmoid-routed MoE
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        config = transformers.MiniMaxM2Config(
+            **common, num_local_experts=4, num_experts_per_tok=2, rope_parameters=rope
+        )
+        model = transformers.MiniMaxM2ForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.e_score_correction_bias.normal_(0.0, 0.1)
+        # The fields SGLang reads, as MiniMax-M2's published config writes them.
+        half = TEXT_SHAPE_A["head_dim"] // 2
+        extra = dict(
+            use_qk_norm=True, qk_norm_type="per_layer", rotary_dim=half, scoring_func="sigmoid",
+            use_routing_bias=True,
+        )  # fmt: skip
+    elif family == "gemma3":  # sliding layers of window 8 and a full one (a theta each), sandwich norms
+        config = transformers.Gemma3TextConfig(
+            **dict(common, tie_word_embeddings=True), sliding_window=8, query_pre_attn_scalar=16,
+            layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        )  # fmt: skip
+        model = transformers.Gemma3ForCausalLM(config)
     elif family == "gemma4":
         config = transformers.Gemma4TextConfig(**_gemma4_text(common))
         model = transformers.Gemma4ForCausalLM(config)

@@ -19,7 +19,6 @@ from sglang_dflash.draft.target_features import (
     FeatureLayout,
     captured_chunk_of,
     captures_after_last_layer,
-    complete_inner_capture,
     target_depth,
 )
 from tests.support.tiny import draft_config_dict
@@ -105,42 +104,6 @@ def test_a_loop_models_layer_ids_count_its_unrolled_steps():
         vocab_size=384,
         num_layers=target_depth(SimpleNamespace(num_hidden_layers=4, num_loops=2)),
     ) == (4,)
-
-
-@pytest.mark.sglang  # SGLang's own Qwen3-VL capture method is the oracle
-def test_qwen3_vl_captures_through_its_inner_model():
-    """SGLang 0.5.23's Qwen3VLForConditionalGeneration.set_dflash_layers_to_capture calls its inner
-    model's method, which `Qwen3LLMModel` lacks: it raises AttributeError as shipped, and after
-    `complete_inner_capture` sets what SGLang intends (the ids + 1: "after layer k")."""
-    import types
-
-    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
-
-    class Inner:  # Qwen3LLMModel's part that matters: a layers_to_capture list, no method
-        layers_to_capture: list = []
-
-    class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):  # a subclass, as SGLang's
-        def __init__(self):  # no nn.Module set-up: plain attributes
-            object.__setattr__(self, "__dict__", {})
-
-    def target():
-        model = Qwen3VLMoeForConditionalGeneration()
-        model.__dict__.update(model=Inner(), pp_group=types.SimpleNamespace(is_last_rank=True))
-        return model
-
-    method = Qwen3VLForConditionalGeneration.set_dflash_layers_to_capture
-    with pytest.raises(AttributeError, match="set_dflash_layers_to_capture"):
-        method(target(), [1, 3])  # as SGLang ships it
-    model = target()
-    assert complete_inner_capture(model) == "Qwen3VLForConditionalGeneration"
-    method(model, [1, 3])
-    assert model.model.layers_to_capture == [2, 4] and model.capture_aux_hidden_states
-    assert complete_inner_capture(model) is None  # the inner model has it now: nothing to do
-
-    class LlamaForCausalLM:
-        model = Inner()
-
-    assert complete_inner_capture(LlamaForCausalLM()) is None
 
 
 # class -> (the SGLang module defining it, the module whose model captures past its layer loop)
