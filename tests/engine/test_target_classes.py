@@ -6,7 +6,7 @@ served by DFLASH with untrained draft "a":
 * gpt-oss (`GptOssForCausalLM`): attention sinks, which SGLang's `torch_native` lacks and
   `cpu/paged_attention.py` gives it, sliding windows, MoE;
 * Qwen3-VL (`Qwen3VLForConditionalGeneration`) serving text and images: its SGLang class calls a
-  capture method its inner model lacks (`draft/target_features.complete_inner_capture`). Image
+  capture method its inner model lacks (`draft/target_capture.complete_capture`). Image
   requests (IMAGE_CLASSES) are checked against transformers at batch 1 and 4, with an image as a
   cached prefix, and the draft's first block over an image against the z-lab reference draft on
   transformers' hidden states;
@@ -92,6 +92,7 @@ from tests.support.tiny import (
     TEXT_SHAPE_A,
     VL_TOKENS,
     BeamReference,
+    as_gemma4_published,
     llama4_interleaved,
     make_beam_target,
     make_cosmos3_target,
@@ -434,9 +435,18 @@ def served(request, tiny):
     finally:
         engines.shutdown(engine)
     draft = tiny.draft("a")
+    if name == "nanbeige":  # a loop model: the draft's depth is its 8 unrolled steps
+        draft = tiny.edited_draft("a", "depth8", lambda c: c.update(num_target_layers=8))
     if name in LAST_LAYER_DRAFT:
         ids = {"target_layer_ids": [TEXT_SHAPE_A["num_hidden_layers"] - 1]}
         draft = tiny.edited_draft("a", "last-layer", lambda d: d["dflash_config"].update(ids))
+    if name == "gemma4":  # as z-lab's Gemma-4 drafts are published: the head's soft-cap, window switches
+
+        def gemma4_published(config):
+            config["dflash_config"].update(ids)  # still reading layer L-1
+            as_gemma4_published(config)
+
+        draft = tiny.edited_draft("a", "gemma4-published", gemma4_published)
     # The draft's proposals per step, for the image requests' check against the reference draft.
     trace = os.path.join(tiny.root, f"proposals-{name}.jsonl")
     if name in IMAGE_CLASSES:
