@@ -2,9 +2,11 @@
 SGLang's own model files so that it cannot drift.
 
 A class is listed when SGLang can build it as a model (it is in a model file's `EntryClass`) and
-it has `set_dflash_layers_to_capture`, defined or inherited from another class of those files:
-what the plugin's start-up check asks of a target (`sglang_dflash/integration/server_args.py`). The
-files are read with `ast`, not imported (many need a GPU to import).
+it captures hidden states for a draft: it has `set_dflash_layers_to_capture`, defined or inherited
+from another class of those files (what SGLang's built-in asks of a target), or only EAGLE-3's or
+DSpark's capture method, which the built-in refuses and the plugin serves through on the classes
+it has checked (`sglang_dflash/draft/target_capture.py`). The files are read with `ast`, not
+imported (many need a GPU to import).
 
 Each class's status is one of `STATUSES`, kept in `STATUS` below; a class SGLang adds and
 `STATUS` lacks fails `tests/repo/test_targets_table.py`, as does a docs/targets.md whose table is
@@ -26,6 +28,8 @@ from typing import Optional
 from sglang_dflash.integration.unserved_targets import ANY_DEVICE, CPU_ENGINE_CANNOT_RUN
 
 METHOD = "set_dflash_layers_to_capture"
+# The other capture methods, by the name the table gives them.
+OTHER_HOOKS = {"EAGLE-3": "set_eagle3_layers_to_capture", "DSpark": "set_dspark_layers_to_capture"}
 BEGIN, END = "<!-- targets-table:begin -->", "<!-- targets-table:end -->"
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "targets.md"
 
@@ -36,6 +40,10 @@ STATUSES = {
     "untested": "not run yet",  # should serve (it captures); no test has run it
     "refused": "refused on CPU",  # DFLASH on the CPU engine refuses it at start-up, naming why
     "refused-any": "refused",  # DFLASH refuses it at start-up on every device, naming why
+    # no DFlash capture of its own, which SGLang's built-in refuses: the plugin's hook, CPU-tested
+    "plugin": "CPU-tested, beyond the built-in",
+    # no DFlash capture of its own: refused at start-up, naming why, as the built-in refuses it
+    "no-capture": "refused (no DFlash capture)",
     "other": "not a target",  # a draft module (MTP, NextN, EAGLE) or an embedding model
 }
 
@@ -204,6 +212,69 @@ STATUS: dict[str, tuple[str, str]] = {
         "against Llama with the multipliers folded in, prefix cache (`test_target_classes.py`)",
     ),
     "Lfm2BidirectionalModel": ("other", "an embedding model (bidirectional): nothing to decode"),
+    # Classes with only an EAGLE-3 or DSpark capture (`sglang_dflash/draft/target_capture.py`).
+    "Qwen2ForCausalLM": (
+        "plugin",
+        "its EAGLE-3 capture; greedy, prefix cache, features = transformers' (`test_captured_targets.py`)",
+    ),
+    "Qwen2MoeForCausalLM": (
+        "plugin",
+        "its EAGLE-3 capture; shared-expert gate on CPU (`cpu/triton_ops.py`); "
+        "greedy, prefix cache, features (`test_captured_targets.py`)",
+    ),
+    "Glm4MoeForCausalLM": (
+        "plugin",
+        "GLM-4.5/4.6/4.7: its EAGLE-3 capture; partial RoPE, grouped MoE; greedy, "
+        "prefix cache, features (`test_captured_targets.py`)",
+    ),
+    "MiniMaxM2ForCausalLM": (
+        "plugin",
+        "MiniMax-M2/M2.5/M2.7: its EAGLE-3 capture; the q/k norm's PyTorch "
+        "stand-in on CPU (`cpu/triton_ops.py`); greedy, prefix cache, features "
+        "(`test_captured_targets.py`)",
+    ),
+    "Gemma3ForCausalLM": (
+        "plugin",
+        "its own capture records the MLP branch without the residual: the plugin "
+        "records the residual stream; SWA pool; greedy, features "
+        "(`test_captured_targets.py`)",
+    ),
+    **_rows(
+        "no-capture",
+        "an EAGLE-3 capture of the same residual stream by reading (`capture-hooks` study); no test has "
+        "checked it against transformers, so it is refused until one does",
+        "ApertusForCausalLM BailingMoEForCausalLM BailingMoeForCausalLM BailingMoeV2ForCausalLM "
+        "ExaoneMoEForCausalLM ExaoneMoeForCausalLM LongcatFlashForCausalLM MiniMaxM3SparseForCausalLM "
+        "Qwen2_5_VLForConditionalGeneration SarvamMoEForCausalLM",
+    ),
+    "Llama4ForConditionalGeneration": (
+        "no-capture",
+        "its EAGLE-3 capture calls its `Llama4ForCausalLM`'s, which has DFlash's; not delegated yet",
+    ),
+    "Gemma3ForConditionalGeneration": (
+        "no-capture",
+        "`Gemma3ForCausalLM`'s wrong capture, behind a vision "
+        "tower; the plugin's residual-stream hook is not delegated to it yet",
+    ),
+    **_rows(
+        "no-capture",
+        "a DSpark capture of the layer outputs, on Kimi Delta Attention (Triton, GPU-only), whose state "
+        "rollback after a verify the plugin has not checked",
+        "BailingMoeV3ForCausalLM KimiLinearForCausalLM",
+    ),
+    "DeepseekV4ForCausalLM": (
+        "no-capture",
+        "its DSpark capture records the mean of the four hyper-connection "
+        "streams; the published DFlash draft (Speculators format) reads all four",
+    ),
+    "MindSporeForCausalLM": ("no-capture", "its model runs in MindSpore, outside SGLang (NPU)"),
+    "EmbeddingGemmaModel": ("other", "an embedding model: nothing to decode"),
+    **_rows(
+        "other",
+        "a draft module (MTP, NextN, EAGLE)",
+        "DeepseekV4ForCausalLMNextN ExaoneMoEForCausalLMMTP Glm4MoeForCausalLMNextN "
+        "LongcatFlashForCausalLMNextN Qwen2ForCausalLMEagle",
+    ),
     **_rows(
         "other",
         "a draft module (MTP, NextN, EAGLE) that inherits its target's method",
@@ -221,6 +292,7 @@ class TargetClass:
     name: str
     module: str  # the file under sglang/srt/models, without .py
     defines: Optional[str]  # the class that defines the method (itself or an ancestor)
+    hook: str = "DFlash"  # the capture method it has: DFlash's, or else EAGLE-3's or DSpark's
 
 
 def models_dir() -> pathlib.Path:
@@ -240,40 +312,47 @@ def _base_name(base: ast.expr) -> Optional[str]:
 
 
 def capturing_classes(root: Optional[pathlib.Path] = None) -> list[TargetClass]:
-    """SGLang's entry classes with the method, defined or inherited (by base-class name across
-    the model files), sorted by module then name."""
-    classes: dict[str, tuple[str, list[str], bool]] = {}  # name -> (module, bases, defines)
+    """SGLang's entry classes with a capture method, defined or inherited (by base-class name
+    across the model files): DFlash's, or else EAGLE-3's or DSpark's; sorted by module then name."""
+    classes: dict[str, tuple[str, list[str], set]] = {}  # name -> (module, bases, methods defined)
     entries: dict[str, str] = {}  # entry class -> module
     for file in sorted((root or models_dir()).glob("*.py")):
         tree = ast.parse(file.read_text())
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
-                defines = any(isinstance(n, ast.FunctionDef) and n.name == METHOD for n in node.body)
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
                 bases = [name for name in map(_base_name, node.bases) if name]
-                classes.setdefault(node.name, (file.stem, bases, defines))
+                classes.setdefault(node.name, (file.stem, bases, methods))
             elif isinstance(node, ast.Assign) and any(
                 getattr(t, "id", None) == "EntryClass" for t in node.targets
             ):
                 entries.update(dict.fromkeys(_entry_names(node), file.stem))
 
-    def definer(name: str, seen: frozenset = frozenset()) -> Optional[str]:
+    def definer(name: str, method: str, seen: frozenset = frozenset()) -> Optional[str]:
         if name not in classes or name in seen:
             return None
-        _, bases, defines = classes[name]
-        if defines:
+        _, bases, methods = classes[name]
+        if method in methods:
             return name
-        return next((d for d in (definer(b, seen | {name}) for b in bases) if d), None)
+        return next((d for d in (definer(b, method, seen | {name}) for b in bases) if d), None)
 
-    found = [TargetClass(name, module, definer(name)) for name, module in entries.items()]
-    return sorted((c for c in found if c.defines), key=lambda c: (c.module, c.name))
+    def found(name: str, module: str) -> Optional[TargetClass]:
+        for hook, method in {"DFlash": METHOD, **OTHER_HOOKS}.items():
+            defines = definer(name, method)
+            if defines:
+                return TargetClass(name, module, defines, hook)
+        return None
+
+    listed = [found(name, module) for name, module in entries.items()]
+    return sorted((c for c in listed if c), key=lambda c: (c.module, c.name))
 
 
 def table(classes: list[TargetClass]) -> str:
     """The markdown table (every class must have a `STATUS`)."""
-    lines = ["| SGLang class | Model file | Status | Notes |", "| --- | --- | --- | --- |"]
+    lines = ["| SGLang class | Model file | Capture | Status | Notes |", "| --- | --- | --- | --- | --- |"]
     for c in classes:
         status, note = STATUS[c.name]
-        lines.append(f"| `{c.name}` | `{c.module}.py` | {STATUSES[status]} | {note} |")
+        lines.append(f"| `{c.name}` | `{c.module}.py` | {c.hook} | {STATUSES[status]} | {note} |")
     counts = {label: sum(STATUS[c.name][0] == key for c in classes) for key, label in STATUSES.items()}
     summary = ", ".join(f"{n} {label}" for label, n in counts.items())
     return "\n".join([f"{len(classes)} classes: {summary}.", "", *lines])

@@ -47,3 +47,16 @@ def test_the_scan_follows_inheritance_across_files(tmp_path):
     ]
     with pytest.raises(KeyError):  # classes without a status fail the table
         targets_table.table(found)
+
+
+def test_the_classes_served_beyond_the_builtin_are_those_the_plugin_hooks():
+    """The rows whose class has no DFlash capture of its own: "CPU-tested, beyond the built-in"
+    exactly where `target_capture` gives one, and the others refused by it at start-up."""
+    from sglang_dflash.draft import target_capture
+
+    classes = [c for c in targets_table.capturing_classes() if c.hook != "DFlash"]
+    served = {c.name for c in classes if targets_table.STATUS[c.name][0] == "plugin"}
+    assert served == target_capture.THROUGH_EAGLE3 | target_capture.RESIDUAL_STREAM
+    for c in classes:
+        if targets_table.STATUS[c.name][0] == "no-capture":
+            assert target_capture.refusal(type(c.name, (), {}), False) is not None, c.name
