@@ -5,9 +5,10 @@ PyTorch stand-in (`cpu/triton_ops.py`); Gemma-3, whose own capture records the w
 through the residual stream the plugin's hook records.
 
 Each class is a tiny random checkpoint written by transformers (`make_family_target`), served by
-one DFLASH engine with draft "a" (reading layer 2), against transformers' greedy ids on the same
-weights: token-identical at batch 1 and 4, acceptance above 1 (the targets favour one token), and
-a prefix-cache round. The capture itself is checked against transformers' hidden states: what
+one DFLASH engine with draft "a" (reading layer 2), or on Qwen2 with a draft the training recipe
+trained for it and exported, against transformers' greedy ids on the same weights:
+token-identical at batch 1 and 4, acceptance above 1 (the targets favour one token), and a
+prefix-cache round. The capture itself is checked against transformers' hidden states: what
 the draft reads for a prompt (SGLANG_DFLASH_TRACE_FEATURES) is transformers' `hidden_states[k + 1]`
 for its layer ids k. (The draft's proposals cannot show it: on these targets the favoured token
 dominates them whatever the context.)
@@ -50,6 +51,27 @@ ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
 }
 SLIDING = {"gemma3"}  # SGLang's SWA radix cache keeps part of a shared prefix, or none
+# Classes served with a draft trained for them by the recipe (`python -m sglang_dflash.train`, a
+# few steps on CPU) and exported, in place of draft "a": the export serves through SGLang.
+TRAINED = {"qwen2"}
+
+
+def _draft(tiny, name: str, target: str) -> str:
+    """Draft "a", or for TRAINED classes a one-layer draft trained on the target and exported."""
+    if name not in TRAINED:
+        return tiny.draft("a")
+    from sglang_dflash.train.cli import main
+
+    out = os.path.join(tiny.root, f"trained-{name}")
+    if not os.path.isdir(out):
+        data = os.path.join(tiny.root, "train.jsonl")
+        with open(data, "w") as f:  # token-id examples: the tiny tokenizer has no real words
+            f.writelines(json.dumps({"input_ids": p}) + "\n" for p in engines.prompts(16, seed=3, min_len=40))
+        argv = ["--target", target, "--data", data, "--out", out, "--max-length", "40"]
+        argv += ["--num-draft-layers", "1", "--block-size", "8", "--num-anchors", "4", "--max-steps", "4"]
+        argv += ["--save-every", "0", "--no-progress", "--device", "cpu", "--export-dtype", "float32"]
+        assert main(argv) == 0
+    return out
 
 
 def _ids(outputs) -> list:
@@ -69,7 +91,7 @@ def served(request, tiny):
         os.remove(trace)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SGLANG_DFLASH_TRACE_FEATURES", trace)
-        engine = engines.start(target, tiny.draft("a"), fixed_width=True, **flags)
+        engine = engines.start(target, _draft(tiny, name, target), fixed_width=True, **flags)
     try:
         out = {
             1: engines.generate(engine, PROMPTS[:4], GREEDY, 1),
@@ -130,7 +152,7 @@ def test_the_draft_reads_the_layer_transformers_gives(served, tiny):
     from sglang_dflash.checkpoint.config import DFlashDraftConfig
 
     name, target, _, _, features = served
-    with open(os.path.join(tiny.draft("a"), "config.json")) as f:
+    with open(os.path.join(_draft(tiny, name, target), "config.json")) as f:
         ids = DFlashDraftConfig.from_dict(json.load(f)).resolve_target_layer_ids(4)
     prompt = PROMPTS[0]
     prefill = next(r for r in features if r["positions"] == list(range(len(prompt))))  # batch 1, first
