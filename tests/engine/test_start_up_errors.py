@@ -230,3 +230,18 @@ def test_bad_weights_fail_in_the_launching_process(tiny, tmp_path, name, edit, m
     """One line naming the tensor (and both shapes, or the family it belongs to), before any
     scheduler process starts."""
     _expect_startup_error(tiny.target("a"), _draft_with_weights(tiny, tmp_path, name, edit), message)
+
+
+@pytest.mark.sglang
+def test_two_batch_overlap_is_refused_where_it_drops_the_capture(tiny, tmp_path):
+    """Qwen2-MoE's layer loop skips the hidden-state capture on two-batch-overlap batches
+    (`draft/target_capture.TBO_SKIPS_CAPTURE`): refused at launch, naming the class and the flag."""
+    from tests.support.tiny import make_family_target
+
+    target = make_family_target(str(tmp_path / "qwen2-moe"), family="qwen2_moe")
+    _expect_startup_error(
+        target,
+        tiny.draft("a"),
+        "'Qwen2MoeForCausalLM' with --enable-two-batch-overlap: Qwen2MoeForCausalLM's layer loop skips",
+        enable_two_batch_overlap=True,
+    )
