@@ -2,7 +2,11 @@
 draft's injection reads (`CaptureHiddenMode.FULL`):
 
 * `verify_forward`: one TARGET_VERIFY forward over `[bonus, d1 .. d_{W-1}]`, a causal chain.
-* `decode_forward`: at W = 1 (no draft), the target's ordinary DECODE forward.
+* `decode_forward`: at W = 1 (no draft), the target's ordinary DECODE forward. A speculative
+  server's graph runner holds TARGET_VERIFY graphs (SGLang captures the verify, not the
+  decode), and SGLang would replay one on this DECODE batch: its width check passes a batch
+  without spec_info. So the forward runs eager unless the runner's graphs are DECODE graphs
+  (`replays_decode`).
 
 Each returns SGLang's `GenerationBatchResult`; the batch's lengths and mode are restored after.
 """
@@ -40,9 +44,21 @@ def verify_forward(
     return target_worker.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True)
 
 
+def replays_decode(graph_runner) -> bool:
+    """Whether SGLang may replay `graph_runner`'s graphs for a DECODE batch: it captured DECODE
+    graphs (or says nothing of its mode: none, or SGLang's eager runner, which replays nothing).
+    A TARGET_VERIFY runner does not: its graphs read a verify window's inputs, and on FlashInfer
+    its metadata update asserts the verify's prefix lengths."""
+    mode = getattr(graph_runner, "capture_forward_mode", None)
+    return mode is None or mode == ForwardMode.DECODE
+
+
 def decode_forward(target_worker, batch, bonus: torch.Tensor, slots: torch.Tensor):
     """W = 1: the target's ordinary DECODE forward over each request's bonus token [bs, 1],
-    written to `slots` [bs, 1], keeping the captured layers for the draft's injection."""
+    written to `slots` [bs, 1], keeping the captured layers for the draft's injection; eager
+    when the model runner's graphs are verify graphs (`replays_decode`)."""
+    runner = target_worker.model_runner
+    graph_runner = runner.decode_cuda_graph_runner
     seq_lens, seq_lens_cpu, seq_lens_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
     forward_mode, spec_info = batch.forward_mode, batch.spec_info
     # A decode forward's lengths include its input token. It is a plain decode: no speculative
@@ -56,9 +72,12 @@ def decode_forward(target_worker, batch, bonus: torch.Tensor, slots: torch.Tenso
         batch.seq_lens_cpu = seq_lens_cpu + 1
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
     try:
+        if not replays_decode(graph_runner):
+            runner.decode_cuda_graph_runner = None  # eager; put back below
         return target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL, is_verify=True
         )
     finally:
+        runner.decode_cuda_graph_runner = graph_runner
         batch.forward_mode, batch.seq_lens, batch.spec_info = forward_mode, seq_lens, spec_info
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
