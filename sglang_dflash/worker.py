@@ -58,7 +58,7 @@ from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
 from sglang_dflash.integration.metrics import DFlashMetrics
 from sglang_dflash.integration.step_aids import StepAids, skipped
-from sglang_dflash.integration.target_forward import decode_forward, verify_forward
+from sglang_dflash.integration.target_forward import decode_forward, replays_decode, verify_forward
 from sglang_dflash.knobs import Knobs
 from sglang_dflash.propose.grammar import GrammarWindow
 from sglang_dflash.propose.proposers import LiLiCorrProposer, Proposals
@@ -68,6 +68,7 @@ from sglang_dflash.verify.acceptance import simulated_warning
 from sglang_dflash.verify.sampling_mask import sampling_mask_output
 from sglang_dflash.width.step import StepWidth
 from sglang_dflash.width.verify_runners import start_up_costs, verify_widths_for
+from sglang_dflash.width.verify_widths import widths_to_build
 
 logger = logging.getLogger(__name__)
 
@@ -219,8 +220,13 @@ class DFlashWorker(BaseSpecWorker):
         target's verify backends and graphs at the narrower widths, the draft step's warm-up
         and CUDA graphs, the width policy's start-up costs, and with step timing on, the count
         of the target's attention plans."""
+        knobs = self.knobs
         self.verify_widths, described = verify_widths_for(
-            self.model_runner, self.num_draft_tokens, self.knobs.verify_graphs, self.tp.size
+            self.model_runner,
+            self.num_draft_tokens,
+            knobs.verify_graphs,
+            self.tp.size,
+            widths_to_build(self.num_draft_tokens, knobs.adaptive_width, knobs.width1_steps, knobs.widths),
         )
         self.timer.count_attention_plans(self.model_runner.attn_backend)
         if self.verify_widths is not None:
@@ -241,9 +247,13 @@ class DFlashWorker(BaseSpecWorker):
             self._additional_graph_memory_usage["draft_decode"] = used_gb
             self._additional_graph_time_usage["draft_decode"] = seconds
         if self.verify_widths is not None:
-            table, costs = start_up_costs(self.model_runner, self.verify_widths, self.runtime.step)
-            self.step_width.use_verify_widths(self.verify_widths.widths, self.verify_widths.graphed, table)
-            described += f"; step costs: {costs}"
+            self.step_width.use_verify_widths(self.verify_widths.widths, self.verify_widths.graphed)
+            if self.step_width.wants_costs:  # a fixed width reads no cost table: none is timed
+                table, costs = start_up_costs(self.model_runner, self.verify_widths, self.runtime.step)
+                self.step_width.seed(table)
+                described += f"; step costs: {costs}"
+        if not replays_decode(self.model_runner.decode_cuda_graph_runner):
+            self.step_width.decode_runs_eager("the target's CUDA graphs are TARGET_VERIFY graphs")
         logger.info(
             "DFLASH verify backends per width: %s; verify_width=%s", described, self.step_width.describe()
         )

@@ -147,6 +147,20 @@ class BucketGraph:
                 static[bs:].zero_()
 
 
+class PlannedReplay:
+    """A captured graph whose `replay()` first runs `plan` (once: the plan holds for every
+    replay on the same inputs)."""
+
+    def __init__(self, graph, plan: Optional[Callable[[], None]] = None):
+        self.graph, self._plan = graph, plan
+
+    def replay(self) -> None:
+        if self._plan is not None:
+            self._plan()
+            self._plan = None
+        self.graph.replay()
+
+
 class DraftStep:
     """`step(req_to_token, req_pool_indices, bonus [bs], seq_lens [bs], host_lens [bs], exact)
     -> (block_ids [bs, Bd], positions [bs, Bd], hidden [bs, Bd, H])`.
@@ -253,6 +267,27 @@ class DraftStep:
             g.graph.replay()
         block_ids, positions, hidden = g.outputs
         return block_ids[:bs].clone(), positions[:bs].clone(), hidden[:bs]
+
+    def timing_graphs(self) -> dict[int, "PlannedReplay"]:
+        """Bucket -> a graph to time at start-up (`verify_runners.cost_table`), on its
+        capture-time inputs (empty requests): the plan-free graphs where there are (they serve
+        the short contexts), else the split-KV ones, each planned again for its own bucket
+        before its first replay. The split-KV buckets share their attention's int workspace,
+        where the last plan (the smallest bucket's, at capture) left its offsets, which depend
+        on the padded batch: replayed as it is, a larger bucket would read another bucket's
+        plan (wrong timings, or an illegal memory access)."""
+        if self.plan_free:
+            return {size: PlannedReplay(g.graph) for size, g in self.plan_free.items()}
+        return {
+            size: PlannedReplay(g.graph, lambda g=g: self._plan_empty(g)) for size, g in self.graphs.items()
+        }
+
+    def _plan_empty(self, g: "BucketGraph") -> None:
+        """Plan bucket `g`'s split-KV attention for empty requests, as at its capture."""
+        for static in (g.bonus, g.seq_lens, g.pool_rows):
+            static.zero_()
+        zeros = torch.zeros(g.size, dtype=torch.int64)
+        g.attention.bind(self.req_to_token, g.pool_rows, g.seq_lens, zeros, self.block_size)
 
     def _count_eager(self, why: str) -> None:
         if why not in self.eager_steps:

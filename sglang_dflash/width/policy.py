@@ -23,10 +23,10 @@ For a step with `bs` requests it picks, among W = 1 .. B (`--speculative-num-dra
   previous step committed under overlap scheduling, where a step's results are processed
   while the next step runs (20 to 50 us a token on the CPU engine). Charged to the interval
   they land in, a wide step would look cheaper and the narrow step after it dearer; the model
-  charges them to the step that committed them, `bs * E[commit | W]` tokens. Recent
-  measurements correct the model: the one at the nearest batch size scales it by measured /
-  predicted there
-  (`WidthPolicy.step_seconds`).
+  charges them to the step that committed them, `bs * E[commit | W]` tokens. (A step timed on
+  the device, `device_clock.py`, does not include that host work: there N is 0,
+  `device_timed`.) Recent measurements correct the model: the one at the nearest batch size
+  scales it by measured / predicted there (`WidthPolicy.step_seconds`).
 * Margins against the noise of both estimates: a narrower draft width must beat the full
   width by 3%, and a draft width must beat no draft by 5%.
 * No request pays for its neighbours' drafts. One width serves the whole batch, and a request
@@ -311,6 +311,10 @@ class WidthPolicy:
         self._far = False  # whether the last choice found every draft width far from paying
         # Result tokens of the last step the scheduler handled (`observe_processed`).
         self.processed = 0
+        # Whether a step's measured cost includes the results the scheduler handled in it: on
+        # host clocks it does (the interval between two step starts), on the device clock it
+        # does not (`device_timed`).
+        self.charges_processed = True
         # (bs, width) -> (moving averages of its recent step intervals, of their contexts and
         # of their result tokens, step of the last one)
         self.recent: dict[tuple[int, int], tuple[float, float, float, int]] = {}
@@ -359,6 +363,13 @@ class WidthPolicy:
         if above == self._best:
             return below
         return below if probe % 2 else above
+
+    def device_timed(self) -> None:
+        """Steps are timed on the device from here on (`device_clock.py`): a step's time is its
+        own work, without the scheduler's handling of the previous step's results (host work
+        between the step's events, not device work inside them), so the cost model's results
+        term is neither fitted nor charged."""
+        self.charges_processed = False
 
     def seed(self, table: dict[tuple[int, int], float]) -> None:
         """Start-up costs: (batch size, width) -> seconds of a step, from timed replays of the
@@ -420,7 +431,7 @@ class WidthPolicy:
         context by the model.
         E.g., model 10 ms at (bs 32, W 4); measured 30 ms vs model 20 ms at (16, 4) -> 15 ms.
         Each width is charged the results of its own commits, `bs * E[commit | W]` tokens."""
-        processed = bs * expected_commit(self.acceptance.rates())  # [B]
+        processed = bs * expected_commit(self.acceptance.rates()) * self.charges_processed  # [B]
         seconds = self.cost.predict(bs, self.widths, context, processed)
         # width -> (distance, bs, (seconds, context, processed) averages)
         nearest: dict[int, tuple[float, int, tuple[float, float, float]]] = {}
@@ -451,7 +462,7 @@ class WidthPolicy:
         wrong model reject the evidence that corrects it. Spikes (a pause of the whole process) are
         clipped instead: each interval counts as at most SPIKE_FACTOR times the current
         estimate, so a real change of cost still comes through, a bounded step at a time."""
-        raw, processed = seconds, self.processed
+        raw, processed = seconds, self.processed if self.charges_processed else 0
         if self.cost.ready:
             predicted = float(self.cost.predict(bs, np.array([width]), context, processed)[0])
             if predicted > 0:

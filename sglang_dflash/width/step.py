@@ -98,14 +98,12 @@ class StepWidth:
             graph_widths=graph_widths,
         )
 
-    def use_verify_widths(self, widths: Sequence[int], graphed: bool, table=None) -> None:
+    def use_verify_widths(self, widths: Sequence[int], graphed: bool) -> None:
         """The target verifies at `widths` only, each with its own attention backend, and from
         CUDA graphs when `graphed` (`verify_widths.py`): the policy chooses among them (on CUDA
         it adapts by default now), W = 1 runs a verify over one token on its own backend (unless
         SGLANG_DFLASH_WIDTH1_FORWARD says otherwise, or width 1 has none: then the decode
-        forward, eager), and on CUDA the steps are timed on the
-        device (`device_clock.py`). `table`: (batch size, width) -> seconds from timed replays,
-        the policy's starting costs."""
+        forward), and on CUDA the steps are timed on the device (`device_clock.py`)."""
         missing = sorted(set(self._widths) - set(widths))
         if missing:
             raise ValueError(
@@ -117,8 +115,24 @@ class StepWidth:
                 False,
                 "a verify forward over one token, on its own backend",
             )
-        if graphed and self.device_type == "cuda":
+        if graphed and self.device_type == "cuda" and self.policy is not None:
             self.clock = DeviceStepClock()
+            self.policy.device_timed()
+
+    def decode_runs_eager(self, why: str) -> None:
+        """A step at W = 1 that takes the decode forward runs it eager, because of `why` (for
+        the start-up line; `target_forward.replays_decode`)."""
+        if self.decode_when_off:
+            self._off_reason += f", eager ({why})"
+
+    @property
+    def wants_costs(self) -> bool:
+        """Whether a start-up cost table would be read: only an adaptive policy reads one."""
+        return self.policy is not None
+
+    def seed(self, table) -> None:
+        """`table`: (batch size, width) -> seconds from timed replays, the policy's starting
+        costs (`verify_runners.cost_table`)."""
         if self.policy is not None and table:
             self.policy.seed(table)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -103,10 +103,7 @@ def start_up_costs(runner, widths: VerifyWidths, draft_step) -> tuple[Optional[d
     the draft step's (`draft/step.py`, `DraftStep`); else None, learnt online."""
     if not widths.graphed:
         return None, "learnt online"
-    # The plan-free graphs where there are (they serve the short contexts), else the split-KV
-    # ones; either replays its capture-time (empty) contexts.
-    draft_graphs = {size: g.graph for size, g in (draft_step.plan_free or draft_step.graphs).items()}
-    return cost_table(runner, widths, draft_graphs)
+    return cost_table(runner, widths, draft_step.timing_graphs())
 
 
 def cost_table(runner, widths: VerifyWidths, draft_graphs: dict[int, object]) -> tuple[Optional[dict], str]:
@@ -136,10 +133,11 @@ def _uses_hybrid_state(runner) -> bool:
 
 
 def verify_widths_for(
-    runner, num_draft_tokens: int, mode: VerifyGraphs, tp_size: int
+    runner, num_draft_tokens: int, mode: VerifyGraphs, tp_size: int, widths: Sequence[int]
 ) -> tuple[Optional[VerifyWidths], str]:
-    """The target's per-width pairs, built now (after SGLang's width-B graphs, so narrower
-    graphs reuse the pool's blocks), or None; with the reason or the description."""
+    """The target's pairs at `widths` (`verify_widths.widths_to_build`), built now (after
+    SGLang's width-B graphs, so narrower graphs reuse the pool's blocks), or None; with the
+    reason or the description."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.runtime_context import get_disagg, get_exec, get_lora
 
@@ -156,6 +154,8 @@ def verify_widths_for(
         disaggregation=str(get_disagg().disaggregation_mode),
         graphs_disabled=check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED),
     )
+    if reason is None and not widths:
+        reason = "the width is fixed at B (SGLANG_DFLASH_ADAPTIVE_WIDTH=0) and no test aid forces another"
     if reason is not None:
         return None, f"none ({reason})"
     graphed = mode != "eager"
@@ -166,6 +166,7 @@ def verify_widths_for(
         lambda width: make_pair(runner, width, graphed),
         free_gb=(lambda: _free_gb(runner)) if graphed else None,
         full_width_gb=full_gb,
+        widths=widths,
     )
     if not widths.pairs:  # every narrower width dropped: B alone, as without them
         return None, widths.describe()

@@ -30,13 +30,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from sglang_dflash.knobs import VerifyGraphs
 
 logger = logging.getLogger(__name__)
 
 HEADROOM_GB = 1.0  # device memory left free after the last width's graphs, for the forward itself
+# How SGLang's graph runner reports a failed capture (`decode_cuda_graph_runner.py`).
+CAPTURE_FAILED = "Capture cuda graph failed"
 
 
 def graph_widths(num_draft_tokens: int) -> tuple[int, ...]:
@@ -95,6 +97,42 @@ def why_not_per_width(
     return next((reason for refused, reason in refusals if refused), None)
 
 
+def widths_to_build(
+    num_draft_tokens: int, adaptive: Optional[bool], width1_steps: int, forced: Sequence[int]
+) -> tuple[int, ...]:
+    """The narrower widths (below B) that get a pair, widest first. `adaptive`:
+    SGLANG_DFLASH_ADAPTIVE_WIDTH (`Knobs.adaptive_width`); False fixes every step at B, so only
+    the widths the test aids force are built (`forced`: SGLANG_DFLASH_TEST_WIDTHS; width 1 when
+    SGLANG_DFLASH_TEST_WIDTH1_STEPS is set): a fixed-width server runs none of the per-width
+    machinery it never verifies at.
+
+    E.g., B 8: adaptive -> (4, 2, 1); fixed -> (); fixed with forced widths (1, 8) -> (1,)."""
+    if adaptive is not False:
+        return graph_widths(num_draft_tokens)[1:]
+    wanted = set(forced) | ({1} if width1_steps else set())
+    return tuple(sorted((w for w in wanted if w < num_draft_tokens), reverse=True))
+
+
+def build_failure(error: BaseException) -> Optional[str]:
+    """Why a width's pair could not be built, when `error` is one its capture may meet and the
+    server can do without the width: the device ran out of memory, or SGLang's graph runner
+    failed to capture (it re-raises what the capture raised as a plain Exception, "Capture cuda
+    graph failed: ...", `decode_cuda_graph_runner.py`). None for anything else: a defect, raised
+    as it is."""
+    text = str(error)
+    out_of_memory = type(error).__name__ == "OutOfMemoryError" or "out of memory" in text.lower()
+    if out_of_memory:
+        return f"out of memory while building it: {_first_line(text)}"
+    if text.startswith(CAPTURE_FAILED):
+        return f"its graph capture failed: {_first_line(text[len(CAPTURE_FAILED) :].lstrip(': '))}"
+    return None
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "(no message)"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def step_cost_table(
     verify: dict[int, dict[int, float]], draft: dict[int, float]
 ) -> dict[tuple[int, int], float]:
@@ -148,19 +186,24 @@ class VerifyWidths:
         free_gb: Optional[Callable[[], float]] = None,
         full_width_gb: float = 0.0,
         headroom_gb: float = HEADROOM_GB,
+        widths: Optional[Sequence[int]] = None,
     ) -> "VerifyWidths":
-        """Build every width's pair but B's, widest first. `make_pair(W)` builds one;
-        `free_gb()` reads the free device memory (None: nothing to check, as on CPU).
+        """Build the pairs of `widths` (default: every width of `graph_widths` but B), widest
+        first. `make_pair(W)` builds one; `free_gb()` reads the free device memory (None:
+        nothing to check, as on CPU).
         A narrower width never needs more than a wider one (its buffers scale with W), so each
         width is expected to take what the last one built took, the first what B's graphs
-        took (`full_width_gb`); a width is built only if that leaves `headroom_gb` free.
+        took (`full_width_gb`); a width is built only if that leaves `headroom_gb` free. A width
+        whose build runs out of memory or whose capture fails (`build_failure`) is dropped and
+        named too, and the narrower ones are still tried.
 
         E.g., B's graphs 3 GB, 4.5 GB free, headroom 1: width 8 is built (3 + 1 <= 4.5) and
         takes 1.5 GB; 3 GB are left, so width 4 (1.5 + 1) is built too."""
         pairs: dict[int, WidthPair] = {}
         dropped: dict[int, str] = {}
         expected = full_width_gb
-        for width in graph_widths(num_draft_tokens)[1:]:
+        todo = graph_widths(num_draft_tokens)[1:] if widths is None else sorted(set(widths), reverse=True)
+        for width in todo:
             if free_gb is not None:
                 free = free_gb()
                 if expected + headroom_gb > free:
@@ -168,7 +211,15 @@ class VerifyWidths:
                         f"{free:.2f} GB free, about {expected:.2f} GB needed + {headroom_gb:.2f} GB headroom"
                     )
                     continue
-            pair = make_pair(width)
+            try:
+                pair = make_pair(width)
+            except Exception as error:  # start-up only; anything but `build_failure`'s is raised
+                why = build_failure(error)
+                if why is None:
+                    raise
+                logger.warning("DFLASH verify width %d dropped: %s", width, why)
+                dropped[width] = why
+                continue
             pairs[width] = pair
             expected = pair.gigabytes
         return cls(runner, num_draft_tokens, pairs, dropped)

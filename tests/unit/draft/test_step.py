@@ -578,3 +578,77 @@ def test_the_worker_asks_the_draft_step_and_gets_a_replay():
     )  # window rows 0..W-1; the block's 16 rows
     assert block_ids[:, 0].tolist() == bonus.tolist()
     assert positions[:, 0].tolist() == [12, 3, 40]
+
+
+# ------------------------------------------------------------------ start-up timing
+
+
+class SharedWorkspace:
+    """FlashInfer's split-KV plan, as the draft's graph-mode attentions hold it: the buckets of one
+    layer kind share one int workspace, and each plan writes that bucket's offsets into it."""
+
+    def __init__(self):
+        self.planned_for = None  # (padded batch, its lengths) of the last plan
+
+
+class SharedPlanAttention:
+    def __init__(self, workspace):
+        self.workspace, self.binds = workspace, 0
+
+    def bind(self, req_to_token, pool_rows, seq_lens, host_lens, block_size, **kwargs):
+        self.binds += 1
+        self.workspace.planned_for = (int(pool_rows.shape[0]), host_lens.tolist())
+
+
+class PlanReadingGraph:
+    """A split-KV graph's replay: it reads whatever plan the workspace holds."""
+
+    def __init__(self, workspace):
+        self.workspace, self.read = workspace, []
+
+    def replay(self):
+        self.read.append(self.workspace.planned_for)
+
+
+def bucket(size, attention, graph):
+    g = draft_step.BucketGraph(
+        size=size,
+        attention=attention,
+        bonus=torch.full((size,), 7),
+        seq_lens=torch.full((size,), 300),  # what the last served step left in them
+        pool_rows=torch.arange(size),
+    )
+    g.graph = graph
+    return g
+
+
+def test_the_start_up_timing_replays_each_split_kv_graph_on_its_own_plan():
+    """The cost table times every bucket's graph on its capture-time inputs (empty requests).
+    A split-KV graph reads the plan in its attention's shared workspace, which the last plan
+    (the smallest bucket's, at capture) filled for another padded batch: each is planned again,
+    for its own bucket and empty requests, before its first timed replay, and only then."""
+    workspace = SharedWorkspace()
+    step = DraftStep(None, None, None, block_size=BLOCK, mask_token_id=1)
+    step.req_to_token = torch.zeros(8, 64, dtype=torch.int32)
+    attentions = {size: SharedPlanAttention(workspace) for size in (4, 2, 1)}
+    graphs = {size: PlanReadingGraph(workspace) for size in (4, 2, 1)}
+    step.graphs = {size: bucket(size, attentions[size], graphs[size]) for size in (4, 2, 1)}
+    workspace.planned_for = (1, [0])  # the capture's last plan
+    timed = step.timing_graphs()
+    for size in (4, 2, 1):
+        for _ in range(3):
+            timed[size].replay()
+    for size in (4, 2, 1):
+        assert graphs[size].read == [(size, [0] * size)] * 3
+        assert attentions[size].binds == 1
+        assert step.graphs[size].seq_lens.tolist() == [0] * size  # empty requests, as captured
+    # The plan-free graphs plan nothing: they were planned once at capture, in buffers of their own.
+    plan_free = {size: PlanReadingGraph(workspace) for size in (4, 2, 1)}
+    step.plan_free = {
+        size: bucket(size, SharedPlanAttention(workspace), plan_free[size]) for size in (4, 2, 1)
+    }
+    binds = workspace.planned_for
+    for size, graph in step.timing_graphs().items():
+        graph.replay()
+        assert plan_free[size].read == [binds]
+    assert all(g.attention.binds == 0 for g in step.plan_free.values())

@@ -18,9 +18,11 @@ from sglang_dflash.width.step import StepWidth
 from sglang_dflash.width.verify_widths import (
     VerifyWidths,
     WidthPair,
+    build_failure,
     graph_widths,
     step_cost_table,
     why_not_per_width,
+    widths_to_build,
 )
 from tests.support.width_workload import Workload, run
 
@@ -125,6 +127,62 @@ def test_a_width_that_does_not_fit_is_dropped_by_name_and_narrower_ones_still_tr
     assert text.startswith("graphs at 4 (0.5 s, 3.20 GB), 8 (0.5 s, 1.50 GB)")
     assert "; 1 dropped (-0.20 GB free, about 3.20 GB needed + 1.00 GB headroom)" in text
     assert widths.widths == (4, 8, 16)
+
+
+def test_a_fixed_width_builds_only_the_widths_a_test_aid_forces():
+    """SGLANG_DFLASH_ADAPTIVE_WIDTH=0 verifies at B on every step: the narrower widths' backends,
+    graphs and cost table would serve nothing, so none is built unless a test aid forces it."""
+    assert widths_to_build(8, None, 0, ()) == (4, 2, 1)
+    assert widths_to_build(8, True, 0, ()) == (4, 2, 1)
+    assert widths_to_build(8, False, 0, ()) == ()
+    assert widths_to_build(8, False, 0, (1, 8)) == (1,)
+    assert widths_to_build(8, False, 3, ()) == (1,)  # SGLANG_DFLASH_TEST_WIDTH1_STEPS
+    assert widths_to_build(8, False, 2, (4, 2)) == (4, 2, 1)
+    built = []
+    widths = VerifyWidths.build(fake_runner(), 8, lambda w: built.append(w) or fake_pair(w), widths=(1,))
+    assert built == [1] and widths.widths == (1, 8)
+
+
+class FakeOutOfMemoryError(RuntimeError):
+    """torch.OutOfMemoryError's name and base (a RuntimeError), without a device."""
+
+
+FakeOutOfMemoryError.__name__ = "OutOfMemoryError"
+
+
+def test_a_width_whose_build_runs_out_of_memory_or_fails_to_capture_is_dropped_by_name():
+    """Start-up goes on without a width whose capture failed (SGLang re-raises the capture's
+    error as a plain Exception under its own words) or ran out of memory; narrower widths are
+    still tried. Any other error is a defect, and start-up fails with it."""
+    failures = {
+        8: FakeOutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore"),
+        2: Exception(
+            "Capture cuda graph failed: CUDA error: operation not permitted when stream is capturing"
+        ),
+    }
+
+    def make(width):
+        if width in failures:
+            raise failures[width]
+        return fake_pair(width)
+
+    widths = VerifyWidths.build(fake_runner(), 16, make)
+    assert sorted(widths.pairs) == [1, 4]
+    assert (
+        widths.dropped[8] == "out of memory while building it: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
+    assert widths.dropped[2] == (
+        "its graph capture failed: CUDA error: operation not permitted when stream is capturing"
+    )
+    assert "; 8 dropped (out of memory" in widths.describe()
+
+    def broken(width):
+        raise ValueError("a defect")
+
+    with pytest.raises(ValueError, match="a defect"):
+        VerifyWidths.build(fake_runner(), 16, broken)
+    assert build_failure(RuntimeError("shape mismatch")) is None
+    assert build_failure(Exception("Capture cuda graph failed: RuntimeError: x")).startswith("its graph")
 
 
 def test_eager_pairs_are_described_as_such():
@@ -274,6 +332,61 @@ def test_step_width_with_verify_widths():
     forced = StepWidth(8, "cpu", 1, Knobs(widths=(1, 3)))
     with pytest.raises(ValueError, match=r"widths \[3\] have no verify backend"):
         forced.use_verify_widths((1, 2, 4, 8), graphed=False)
+
+
+def test_a_fixed_width_times_nothing_and_reads_no_cost_table():
+    """SGLANG_DFLASH_ADAPTIVE_WIDTH=0 with a test aid's widths on CUDA: no policy, so no device
+    clock and no start-up cost table."""
+    fixed = StepWidth(8, "cuda", 1, Knobs(adaptive_width=False, widths=(1, 8)))
+    fixed.use_verify_widths((1, 8), graphed=True)
+    assert fixed.policy is None and fixed.clock is None and not fixed.wants_costs
+    fixed.seed({(1, 1): 0.01})  # nothing to seed: no error
+    adaptive = StepWidth(8, "cpu", 1, Knobs())
+    adaptive.use_verify_widths((1, 2, 4, 8), graphed=False)
+    assert adaptive.wants_costs
+    adaptive.seed({(1, 1): 0.01, (1, 8): 0.02})
+    assert adaptive.policy.neighbour_probes
+
+
+def test_a_decode_forward_at_width_1_that_runs_eager_says_so():
+    step = StepWidth(8, "cuda", 1, Knobs())
+    assert step.decode_when_off
+    step.decode_runs_eager("the target's CUDA graphs are TARGET_VERIFY graphs")
+    assert step.describe().endswith(
+        "width 1 runs the target's decode forward, eager (the target's CUDA graphs are TARGET_VERIFY graphs))"
+    )
+    verify = StepWidth(8, "cpu", 1, Knobs())
+    before = verify.describe()
+    verify.decode_runs_eager("why")  # W = 1 is a verify here: nothing to say
+    assert verify.describe() == before
+
+
+def test_device_timed_steps_are_not_charged_the_schedulers_result_handling():
+    """On host clocks an interval holds the scheduler's handling of the last step's results (the
+    cost model's N term); a step timed on the device does not, so N is 0 in what the model
+    fits and predicts."""
+    fitted = []
+    host, device = WidthPolicy(8), WidthPolicy(8)
+    device.device_timed()
+    for policy in (host, device):
+        policy.cost.observe = lambda bs, width, seconds, context=0.0, processed=0.0: fitted.append(processed)
+        policy.observe_processed(120)
+        policy.observe_step(16, 8, 0.02, 1000)
+    assert fitted == [120, 0]
+    predicted = {}  # policy -> the result tokens of each prediction (the model's, the measurement's)
+    for name, policy in (("host", host), ("device", device)):
+        policy.cost.predict = lambda bs, widths, context=0.0, processed=0.0, name=name: (
+            predicted.setdefault(name, []).append(float(np.max(processed))) or np.ones(len(widths))
+        )
+        policy.step_seconds(16, 1000)
+    assert predicted["host"][0] > 16 and predicted["host"][1] == 120  # bs * E[commit | W]; measured
+    assert predicted["device"] == [0.0, 0.0]
+
+
+def test_step_width_times_steps_on_the_device_with_verify_graphs_on_cuda():
+    step = StepWidth(8, "cuda", 1, Knobs())
+    step.use_verify_widths((1, 2, 4, 8), graphed=True)
+    assert step.clock is not None and not step.policy.charges_processed
 
 
 def test_step_width_feeds_device_times_to_the_policy():
