@@ -27,7 +27,7 @@ help: ## list the targets (the default goal)
 	@echo "For maintainers: the GPU test machine (tests/gpu_kit/README.md):"
 	@grep -hE '^(gpu|triton)-[a-z-]*:.*## ' $(MAKEFILE_LIST) | $(HELP_LINE)
 
-.PHONY: help demo test install lint clean triton-preflight gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-proof gpu-race gpu-matrix gpu-serve-check gpu-train
+.PHONY: help demo test install lint clean triton-preflight gpu-check gpu-check-tests gpu-check-benches gpu-aot gpu-bundle gpu-carry gpu-first gpu-proof gpu-race gpu-matrix gpu-serve-check gpu-train
 
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,12 @@ gpu-bundle: $(VENV)/.deps ## here: SGLang, FlashInfer and their imports for the 
 gpu-aot: $(VENV)/.deps ## here, with nvcc: FlashInfer's kernels for sm_90a (.gpu-bundle/aot; about 25 minutes)
 	nice $(PY) tests/gpu_kit/aot.py
 
+# Everything gpu-first's call carries, built where it is missing (the serve bundle, 2-3 minutes;
+# the AOT modules, about 25 minutes on 2 cores the first time, resumable), then checked: the
+# carry list and its size under 64 MiB, and every checkout file gpu-first imports carried.
+gpu-carry: $(VENV)/.deps ## here: build and check what gpu-first carries (about 28 minutes the first time)
+	$(PY) tests/gpu_kit/carry.py
+
 # SGLang's Triton kernels that gpu-matrix runs, compiled for sm_90 by the GPU machine's Triton
 # (3.6.0, installed beside the venv's own, TRITON36 above), without a GPU; a kernel that fails
 # is named.
@@ -84,6 +90,14 @@ triton-preflight: $(TRITON36)/.installed ## here: compile gpu-matrix's Triton ke
 	PYTHONPATH=$(TRITON36) $(PY) -m tests.gpu_kit.triton_preflight
 
 # ---- On the GPU machine (Python, a CUDA PyTorch and nvcc; no SGLang, no package index): ----
+# The first command whenever a GPU is at hand, at most 9 minutes (540 s), in priority order:
+# greedy lossless (one plain engine per pair, one DFLASH run cycling the widths), the race at
+# acceptance 3 from 1 to 256 concurrent requests; then, while time is left, 8 and 64 requests,
+# acceptance 6.5, the W = 1 step against a plain decode step and the draft step at bs 1.
+# Carry what make gpu-carry lists. DEADLINE (seconds) overrides the default.
+gpu-first: ## GPU, first whenever one is at hand: lossless, the race to 256, W = 1, the draft step
+	$(GPU_PY) -m tests.gpu_kit.proof --plan first $(if $(DEADLINE),--deadline $(DEADLINE))
+
 # The GPU numbers in one command of at most 9 minutes, in priority order: greedy lossless, the
 # race at simulated acceptance 6.5, the draft-step benchmark. Carry .gpu-bundle/serve and
 # .gpu-bundle/aot. STEPS and DEADLINE (seconds) override the defaults.

@@ -135,3 +135,51 @@ def test_the_matrix_rehearses_on_cpu(tmp_path):
     report = (out / "gpu-proof-report.md").read_text()
     assert "## Target families (make gpu-matrix)" in report and "| gemma4 | sliding-window" in report
     assert "| gemma4: dflash overlap | sglang scheduler_e2e |" in report  # each family's start-up phases
+
+
+@pytest.mark.sglang
+def test_gpu_first_rehearses_on_cpu(tmp_path):
+    """make gpu-first's plan in brief, in `make test`: one plain engine as the oracle of one
+    DFLASH run cycling through every verify width, the race at acceptance 3 (ours and no
+    speculation; the built-in refuses the CPU), the W = 1 step against the baseline and its
+    table; race-more-3 without levels is skipped and says so. Left out here: race-6.5 (race-3's
+    code at another acceptance) and the draft-step benchmark (CUDA only)."""
+    steps = [s for s in gpu_proof.FIRST_MUST + gpu_proof.FIRST_IF_TIME if s != "race-6.5"]
+    out = rehearse(
+        tmp_path,
+        300,
+        400,
+        "--plan",
+        "first",
+        "--steps",
+        ",".join(steps),
+        "--lossless-pairs",
+        "trained",
+        "--race-concurrency",
+        "1",
+        "--race-more-concurrency",
+        "",
+        "--width1-concurrency",
+        "1",
+        "--race-seconds",
+        "1",
+        "--race-servers",
+        "dflash,dflash-builtin,baseline",
+    )
+    records = json.loads((out / "gpu-proof.json").read_text())["steps"]
+    steps = {s["name"]: s for s in records}
+    assert steps["lossless trained (widths)"]["note"] == "lossless: identical", records
+    assert sum(s["name"].startswith("lossless") for s in records) == 1  # one step: one plain engine
+    for name in ("race-3 dflash", "race baseline", "width1"):
+        assert steps[name]["status"] == "ok", records
+    assert "refuses the CPU" in steps["race-3 dflash-builtin"]["note"]
+    assert steps["race-3 (more)"]["note"] == "no levels given"
+    assert steps["bench-draft-step"]["note"] == "needs CUDA"
+    report = (out / "gpu-proof-report.md").read_text()
+    assert "| 3 | 1 |" in report  # the race row
+    w1 = [line for line in report.splitlines() if line.startswith("| 1 |") and "x | " in line]
+    assert len(w1) == 1 and w1[0].count("|") == 6, report  # the W = 1 step against the plain one
+    with tarfile.open(out / gpu_proof.RESULTS_ARCHIVE) as tar:
+        results = json.load(tar.extractfile(f"results/{gpu_proof.WIDTH1_FOLDER}/results.json"))
+    widths = results["runs"][0]["levels"][0]["server_acceptance"]["verify_width_histogram"]
+    assert {str(w) for w, n in widths.items() if n} == {"1"}, widths  # every step at width 1

@@ -80,7 +80,27 @@ STEPS = (
     "bench-draft-step",
     "standin-tests",
     "matrix",
-)  # race-<acc>
+    "width1",
+)  # race-<acc>, race-more-<acc>
+# make gpu-first, the first command whenever a GPU is at hand (tests/gpu_kit/README.md): what
+# its deadline must hold by the CUDA estimates (tests/unit/gpu_kit/test_proof.py checks it), then
+# what runs while time is left, in order. One plain engine per lossless pair: its tokens are
+# the oracle of one DFLASH run that cycles through every verify width with overlap on.
+FIRST_MUST = ("lossless-widths", "race-3")
+FIRST_IF_TIME = ("race-more-3", "race-6.5", "width1", "bench-draft-step")
+# Each plan's defaults for the options not given (proof: make gpu-proof and the targets that
+# give their own --steps).
+PLANS = {
+    "proof": dict(
+        steps=DEFAULT_STEPS, race_concurrency="1,8,32", race_more_concurrency="", width1_concurrency="1,8",
+        race_seconds=10.0, bench_batch_sizes="1,8,32",
+    ),
+    "first": dict(
+        steps=",".join(FIRST_MUST + FIRST_IF_TIME), race_concurrency="1,32,128,256",
+        race_more_concurrency="8,64", width1_concurrency="1,32", race_seconds=6.0,
+        bench_batch_sizes="1",  # the draft step, plan-free against split-KV, at bs 1
+    ),
+}  # fmt: skip
 # GPU tests that need SGLang's kit (the sgl_kernel stand-in): here, not in make gpu-check.
 STANDIN_TESTS = ("tests/unit/gpu_kit/test_sgl_kernel_standin.py",)
 RACE_SERVERS = ("dflash", "dflash-builtin", "baseline")  # ours, the built-in, no speculation
@@ -93,7 +113,11 @@ ESTIMATES = {
     "cuda": {
         "unpack": 15,  # measured 9-10 s
         "lossless-engine": 35,  # per engine of a lossless pair: 21-51 s to start, then 8 x 64 tokens
-        "race-server": 100,  # an 8B dummy server: start-up (graphs for 3 sizes) + 3 levels; 83-92 s
+        # An 8B dummy server: its start-up (about 25 s, graphs included) and its load test's own
+        # start and end; then each level for --race-seconds plus its drain ("race-level"). Three
+        # levels of 10 s measured 83-92 s: 55 + 3 x (10 + 5) = 100.
+        "race-server": 55,
+        "race-level": 5,
         "bench-draft-step": 5,  # collected; it ran in the background (about 25 s)
         "standin-tests": 150,  # compiles FlashInfer's GELU modules, which nothing else needs
         "matrix-family": 150,  # a guess (not run yet): two engines, Triton's kernels compiled on first use
@@ -101,12 +125,17 @@ ESTIMATES = {
     "cpu": {
         "unpack": 1,
         "lossless-engine": 15,
-        "race-server": 45,
+        "race-server": 25,
+        "race-level": 5,
         "bench-draft-step": 1,
         "standin-tests": 30,
         "matrix-family": 60,
     },
 }
+
+
+MODELS_ESTIMATE = 5  # the foreground prerequisites, on either device: the kit's models built,
+IMPORT_ESTIMATE = 30  # then SGLang imported and the plugin found (H100: 17 s, then 21 s)
 
 
 @dataclass
@@ -412,42 +441,142 @@ def race_args(models: str, device: str, concurrency: str, seconds: float) -> lis
     return args + load + ["--duration", str(seconds), "--no-plots", "--no-progress"]
 
 
-def race(proof: Proof, acc: str, args) -> None:
+def race_estimate(device: str, levels: int, seconds: float) -> float:
+    """One race server: its start-up, then each level for `seconds` and its drain."""
+    return ESTIMATES[device]["race-server"] + levels * (seconds + ESTIMATES[device]["race-level"])
+
+
+def lossless_estimate(device: str, runs: str) -> float:
+    """One pair's lossless step: the plain engine and each DFLASH run of `runs`, plus the
+    transformers oracle's load."""
+    return 10 + (2 + runs.count(",")) * ESTIMATES[device]["lossless-engine"]
+
+
+def race_folder(acc: str, server: str, tag: str = "") -> str:
+    """Where a race server's results go: race-baseline (acceptance does not apply to it) or
+    race-<acc>-<server>, with @<tag> for a second set of levels (serve/report.py reads both)."""
+    folder = "race-baseline" if server == "baseline" else f"race-{acc}-{server}"
+    return folder + (f"@{tag}" if tag else "")
+
+
+def race_servers(acc: str, servers: str, device: str) -> list:
+    """The servers a race step starts, in order: the built-in neither under our geometric
+    acceptance (it does not know it) nor on CPU (it refuses it)."""
+    found = []
+    for server in servers.split(","):
+        if server == "dflash-builtin" and (acc.startswith("geo-") or device != "cuda"):
+            continue
+        found.append(server)
+    return found
+
+
+def race(proof: Proof, acc: str, args, levels: Optional[str] = None, tag: str = "") -> None:
     """The servers of `--race-servers` in order (ours, the built-in, ours at B, no speculation
-    once per state): one serving/load_test.py each. `acc`: SGLang's simulated acceptance, or
-    geo-<mean> for ours only, each request and position drawn independently."""
-    common = race_args(
-        os.path.join(proof.state, "models"), proof.device, args.race_concurrency, args.race_seconds
-    )
+    once per state and set of levels): one serving/load_test.py each, at `levels` (default
+    --race-concurrency). `acc`: SGLang's simulated acceptance, or geo-<mean> for ours only,
+    each request and position drawn independently. `tag` names a second set of levels."""
+    levels = args.race_concurrency if levels is None else levels
+    if not levels:
+        proof.skip(f"race-{acc}" + (f" ({tag})" if tag else ""), "no levels given")
+        return
+    common = race_args(os.path.join(proof.state, "models"), proof.device, levels, args.race_seconds)
     geometric = acc.startswith("geo-")
+    kept = race_servers(acc, args.race_servers, proof.device)
     for server in args.race_servers.split(","):
-        folder = "race-baseline" if server == "baseline" else f"race-{acc}-{server}"
-        name = f"race-{acc} {server}" if server != "baseline" else "race baseline"
+        folder = race_folder(acc, server, tag)
+        name = (f"race-{acc} {server}" if server != "baseline" else "race baseline") + (
+            f" ({tag})" if tag else ""
+        )
         if os.path.isfile(os.path.join(proof.results, folder, "results.json")):
             proof.skip(name, f"measured earlier in this state ({folder})")
             continue
-        if server == "dflash-builtin" and geometric:
-            continue  # the geometric acceptance is ours only
-        if server == "dflash-builtin" and proof.device != "cuda":
-            proof.skip(name, "SGLang's built-in DFLASH refuses the CPU")
+        if server not in kept:
+            if not geometric:  # the geometric acceptance is ours only: nothing to say
+                proof.skip(name, "SGLang's built-in DFLASH refuses the CPU")
             continue
         cmd = [sys.executable, "scripts/serving/load_test.py", "--configs", server, *common]
         cmd += ["--output-dir", os.path.join(proof.results, folder)]
         if server != "baseline":
             cmd += ["--simulate-acc-len", acc.removeprefix("geo-")]
             cmd += ["--simulate-geometric"] if geometric else []
+        race_server(proof, name, folder, cmd, len(levels.split(",")), args.race_seconds)
 
-        def body(cmd=cmd, folder=folder, name=name):
-            rc = proof.run(name, cmd)
-            # Which machine measured it: the report compares only runs of one machine side by side.
-            os.makedirs(os.path.join(proof.results, folder), exist_ok=True)
-            with open(os.path.join(proof.results, folder, "machine.txt"), "w") as f:
-                f.write(machine())
-            return rc == 0, "" if rc == 0 else f"exit {rc}: {missing_op(proof.log_path(name))}"
 
-        # A server's start-up, then each level for --race-seconds and its drain.
-        levels = len(args.race_concurrency.split(","))
-        proof.step(name, proof.estimate("race-server") + (levels - 3) * (args.race_seconds + 5), body)
+def race_server(proof: Proof, name: str, folder: str, cmd: list, levels: int, seconds: float, env=None):
+    """One load_test.py server as a step, its estimate from its levels."""
+
+    def body():
+        rc = proof.run(name, cmd, env=env)
+        # Which machine measured it: the report compares only runs of one machine side by side.
+        os.makedirs(os.path.join(proof.results, folder), exist_ok=True)
+        with open(os.path.join(proof.results, folder, "machine.txt"), "w") as f:
+            f.write(machine())
+        return rc == 0, "" if rc == 0 else f"exit {rc}: {missing_op(proof.log_path(name))}"
+
+    return proof.step(name, race_estimate(proof.device, levels, seconds), body)
+
+
+WIDTH1_FOLDER = "race-width1"  # serve/report.py's W = 1 table reads it beside race-baseline
+
+
+def width1(proof: Proof, args) -> None:
+    """The W = 1 step against a plain decode step: our server with every step forced to width 1
+    (SGLANG_DFLASH_TEST_WIDTHS=1), at --width1-concurrency. A W = 1 step emits one token per
+    request, as plain decode does, so its throughput against the baseline's at the same
+    concurrency is the two steps' time ratio (the report's W = 1 table)."""
+    levels = args.width1_concurrency
+    if not levels:
+        proof.skip("width1", "no levels given")
+        return
+    if os.path.isfile(os.path.join(proof.results, WIDTH1_FOLDER, "results.json")):
+        proof.skip("width1", f"measured earlier in this state ({WIDTH1_FOLDER})")
+        return
+    common = race_args(os.path.join(proof.state, "models"), proof.device, levels, args.race_seconds)
+    cmd = [sys.executable, "scripts/serving/load_test.py", "--configs", "dflash", *common]
+    cmd += ["--output-dir", os.path.join(proof.results, WIDTH1_FOLDER)]
+    env = dict(proof.env, SGLANG_DFLASH_TEST_WIDTHS="1")  # no simulated acceptance: W = 1 accepts none
+    env.pop("SGLANG_SIMULATE_ACC_LEN", None)
+    race_server(proof, "width1", WIDTH1_FOLDER, cmd, len(levels.split(",")), args.race_seconds, env)
+
+
+def plan_estimates(device: str, steps, args) -> dict:
+    """{piece: seconds}: what each piece of `steps` is allowed to start with on `device`, as the
+    runner checks it, the foreground prerequisites first (_C, SGLang's JIT warm-up and the
+    draft-step benchmark run beside them, in the background); a race's baseline once per set
+    of levels. The deadline must hold their sum and REPORT_MARGIN."""
+    plan = {
+        "unpack": ESTIMATES[device]["unpack"],
+        "models": MODELS_ESTIMATE,
+        "import SGLang": IMPORT_ESTIMATE,
+    }
+    lossless_runs = {
+        "lossless": args.lossless_runs,
+        "lossless-widths": "widths",
+        "lossless-no-overlap": "no-overlap",
+    }
+    measured = set()  # race folders: a server measured earlier in the plan is skipped
+    for name in steps:
+        if name in lossless_runs:
+            for pair in args.lossless_pairs.split(","):
+                plan[f"{name} {pair}"] = lossless_estimate(device, lossless_runs[name])
+        elif name == "width1" and args.width1_concurrency:
+            plan[name] = race_estimate(device, len(args.width1_concurrency.split(",")), args.race_seconds)
+        elif name.startswith("race-"):
+            more = name.startswith("race-more-")
+            acc = name.removeprefix("race-more-" if more else "race-")
+            levels = args.race_more_concurrency if more else args.race_concurrency
+            for server in race_servers(acc, args.race_servers, device) if levels else []:
+                folder = race_folder(acc, server, "more" if more else "")
+                if folder not in measured:
+                    measured.add(folder)
+                    plan[f"{name} {server}"] = race_estimate(
+                        device, len(levels.split(",")), args.race_seconds
+                    )
+        elif name in ESTIMATES[device]:
+            plan[name] = ESTIMATES[device][name]
+        elif name == "matrix":
+            plan[name] = ESTIMATES[device]["matrix-family"]  # its first families; the rest as time allows
+    return plan
 
 
 def missing_op(log: str) -> str:
@@ -498,8 +627,7 @@ def lossless(proof: Proof, runs: str, pairs: str) -> None:
             verdict = json.load(open(out)).get("lossless") if os.path.isfile(out) else None
             return rc == 0, f"lossless: {verdict}" if verdict is not None else f"exit {rc}"
 
-        engines = 2 + runs.count(",")  # the plain engine and each DFLASH run
-        proof.step(name, 10 + engines * proof.estimate("lossless-engine"), body)
+        proof.step(name, lossless_estimate(proof.device, runs), body)
 
 
 # Prompts, new tokens and sampled requests per family: on CUDA the prompts whose near-tie rate
@@ -619,6 +747,7 @@ def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
         proof.start_background("SGLang JIT warm-up", [py, "-m", "tests.gpu_kit.serve.warm_jit", *warm])
         if "bench-draft-step" in steps:
             cmd = [py, "scripts/bench/draft_step.py", "--repeats", "3", "--iters", "10"]
+            cmd += ["--batch-sizes", args.bench_batch_sizes]
             cmd += ["--json", os.path.join(proof.results, "bench-draft-step.json")]
             proof.start_background("bench-draft-step", cmd)
     else:
@@ -626,7 +755,7 @@ def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
         proof.skip("SGLang JIT warm-up", "no CUDA")
     ok = proof.step(
         "models",
-        5,
+        MODELS_ESTIMATE,
         lambda: (
             proof.run("models", [py, "-m", "tests.gpu_kit.serve.models", os.path.join(proof.state, "models")])
             == 0,
@@ -641,7 +770,9 @@ def prerequisites(proof: Proof, args, steps: list[str]) -> bool:
         "print('sglang', sglang.__version__, 'plugins', plugins)\n"
     )
     imported = proof.step(
-        "import SGLang, find the plugin", 30, lambda: (proof.run("import", [py, "-c", check]) == 0, "")
+        "import SGLang, find the plugin",
+        IMPORT_ESTIMATE,
+        lambda: (proof.run("import", [py, "-c", check]) == 0, ""),
     )
     # The engines need our extension (else they serve the PyTorch injection, and say so). They
     # need not wait for SGLang's JIT warm-up: a kernel still compiling there is waited for at its
@@ -668,22 +799,37 @@ def cuda_library_headers(py: str) -> str:
         return ""
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, the options it leaves out taken from its --plan."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", default=DEFAULT_STEPS)
+    p.add_argument(
+        "--plan", choices=sorted(PLANS), default="proof", help="proof: make gpu-proof; first: make gpu-first"
+    )
+    p.add_argument("--steps")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds from the start")
     p.add_argument("--bundle", default=os.path.join(ROOT, ".gpu-bundle"))
     p.add_argument("--state", default=os.path.join(ROOT, ".gpu-bundle", "state"))
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, ".gpu-bundle", "proof"))
     p.add_argument("--device", choices=["cuda", "cpu"])
-    p.add_argument("--race-concurrency", default="1,8,32")
-    p.add_argument("--race-seconds", type=float, default=10.0)
+    p.add_argument("--race-concurrency")
+    p.add_argument("--race-more-concurrency", help="the levels of race-more-<acc>")
+    p.add_argument("--width1-concurrency", help="the levels of the width1 step")
+    p.add_argument("--race-seconds", type=float)
     p.add_argument("--race-servers", default=",".join(RACE_SERVERS), help="in this order")
+    p.add_argument("--bench-batch-sizes", help="the draft-step benchmark's batch sizes")
     p.add_argument("--lossless-runs", default="overlap", help="DFLASH engines of the lossless step")
     p.add_argument("--lossless-pairs", default="trained,random", help="model pairs of the lossless step")
     p.add_argument("--families", default="", help="the matrix step's families (default: all, by priority)")
     p.add_argument("--matrix-parallel", type=int, default=None, help="families at once (3 on CUDA, 1 on CPU)")
     args = p.parse_args(argv)
+    for key, value in PLANS[args.plan].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.device is None:
         import torch
 
@@ -707,8 +853,12 @@ def main(argv=None) -> int:
             lossless(proof, "no-overlap", args.lossless_pairs)
         elif name == "lossless-widths":  # every verify width's graph in turn
             lossless(proof, "widths", args.lossless_pairs)
+        elif name.startswith("race-more-"):  # a second set of levels, its folders tagged "more"
+            race(proof, name.removeprefix("race-more-"), args, args.race_more_concurrency, "more")
         elif name.startswith("race-"):
             race(proof, name.removeprefix("race-"), args)
+        elif name == "width1":
+            width1(proof, args)
         elif name == "standin-tests":
             cmd = [
                 sys.executable,
@@ -731,7 +881,7 @@ def main(argv=None) -> int:
             else:
                 proof.skip(name, "needs CUDA" if proof.device != "cuda" else "not started")
         else:
-            proof.skip(name, f"unknown step (one of {', '.join(STEPS)}, race-[geo-]<acceptance>)")
+            proof.skip(name, f"unknown step (one of {', '.join(STEPS)}, race-[more-][geo-]<acceptance>)")
     for name in list(proof.background):
         proof.wait_background(name, "background")
     proof.write()

@@ -2,7 +2,8 @@
 
     python -m tests.gpu_kit.serve.report STATE_DIR > report.md
 
-Reads STATE_DIR/lossless*.json, STATE_DIR/race-baseline/ and race-<acc>-<server>/results.json
+Reads STATE_DIR/lossless*.json, STATE_DIR/race-baseline/, race-width1/ and
+race-<acc>-<server>[@<tag>]/results.json
 (scripts/serving/load_test.py) and those runs' server logs, for SGLang's CUDA-graph capture lines, our
 draft-graph and warm-up lines, the seconds from the first log line to "ready to roll", and our
 `draft_forward=` start-up line.
@@ -52,9 +53,10 @@ def race_rows(state: str) -> list[dict]:
     """One row per (acceptance, concurrency, server) measured."""
     rows = []
     for path in sorted(glob.glob(os.path.join(state, "race-*", "results.json"))):
-        # race-baseline, or race-<acceptance>-<server>, the acceptance geo-<mean> when geometric
+        # race-baseline, race-width1 or race-<acceptance>-<server>, the acceptance geo-<mean>
+        # when geometric; @<tag> after it for a second set of levels (one table holds both)
         folder = os.path.basename(os.path.dirname(path))
-        acc, server = re.match(r"race-(?:((?:geo-)?[\d.]+)-)?(.+)", folder).groups()
+        acc, server = re.match(r"race-(?:((?:geo-)?[\d.]+)-)?([^@]+)", folder).groups()
         with open(path) as f:
             results = json.load(f)
         for run in results["runs"]:
@@ -105,7 +107,8 @@ def race_table(rows: list[dict]) -> str:
         "| ours / ours at B | widths chosen |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for acc in sorted({r["acc"] for r in rows if r["server"] != "baseline"}, key=acceptance_order):
+    speculated = [r for r in rows if r["server"] not in ("baseline", "width1")]
+    for acc in sorted({r["acc"] for r in speculated}, key=acceptance_order):
         for c in sorted({r["concurrency"] for r in rows}):
             got = {r["server"]: r for r in rows if r["acc"] == acc and r["concurrency"] == c}
             ours, builtin, plain = got.get("dflash"), got.get("dflash-builtin"), base.get(c)
@@ -125,6 +128,35 @@ def race_table(rows: list[dict]) -> str:
                 f"| {ratio(ours, builtin)} | {ratio(ours, plain)} | {ratio(ours, fixed)} "
                 f"| {widths_cell(ours['widths']) if ours else '-'} |"
             )
+    return "\n".join(lines)
+
+
+WIDTH1_GOAL = 1.03  # a W = 1 step within 3% of a plain decode step
+
+
+def width1_table(rows: list[dict]) -> str:
+    """Ours with every step at width 1 (the kit's width1 step) against no speculation, per
+    concurrency: a W = 1 step emits one token per request, as plain decode does, so the
+    baseline's throughput over ours is our step's time over the plain step's. '' when not run."""
+    base = {r["concurrency"]: r for r in rows if r["server"] == "baseline"}
+    ours = sorted((r for r in rows if r["server"] == "width1"), key=lambda r: r["concurrency"])
+    if not ours:
+        return ""
+    lines = [
+        "| concurrency | no speculation tok/s (TPOT ms) | ours at W = 1 tok/s (TPOT ms) "
+        f"| W = 1 step / plain step | within {WIDTH1_GOAL - 1:.0%} |",
+        "|---|---|---|---|---|",
+    ]
+    for r in ours:
+        plain = base.get(r["concurrency"])
+        ok = plain and plain["tok_s"] and r["tok_s"]
+        ratio = plain["tok_s"] / r["tok_s"] if ok else None
+        verdict = "-" if ratio is None else ("yes" if ratio <= WIDTH1_GOAL else "no")
+        plain_cell = f"{fmt(plain['tok_s'])} ({fmt(plain['tpot_ms'], '.1f')})" if plain else "-"
+        lines.append(
+            f"| {r['concurrency']} | {plain_cell} | {fmt(r['tok_s'])} ({fmt(r['tpot_ms'], '.1f')}) "
+            f"| {fmt(ratio, '.3f')}x | {verdict} |"
+        )
     return "\n".join(lines)
 
 
@@ -166,6 +198,10 @@ def body(state: str) -> str:
     if rows:
         out.append("## Race (dummy weights, SGLANG_SIMULATE_ACC_LEN; simulated, not real speedups)\n")
         out.append(race_table(rows) + "\n")
+        width1 = width1_table(rows)
+        if width1:
+            out.append("## The W = 1 step against a plain decode step (SGLANG_DFLASH_TEST_WIDTHS=1)\n")
+            out.append(width1 + "\n")
         machines = set()
         for path in glob.glob(os.path.join(state, "race-*", "machine.txt")):
             with open(path) as f:

@@ -302,3 +302,60 @@ def test_the_near_tie_rate_is_measured_on_the_familys_target(tmp_path):
     weights["lm_head.weight"] = torch.zeros_like(weights["lm_head.weight"])
     save_file(weights, file, metadata={"format": "pt"})
     assert families.near_ties(target, prompts, 4)["near_ties"] == 8
+
+
+# ---- make gpu-first --------------------------------------------------------------------------
+
+
+def test_gpu_firsts_must_run_part_fits_its_deadline_by_the_cuda_estimates():
+    """make gpu-first's plan: its must-run part (the prerequisites, lossless, the race at 3 from
+    1 to 256 with every server) is held by the 540 s deadline by the H100 estimates, unpack and
+    the report's margin included; the if-time steps come after it, in the issue's order."""
+    args = gpu_proof.parse_args(["--plan", "first"])
+    steps = args.steps.split(",")
+    assert steps == [*gpu_proof.FIRST_MUST, *gpu_proof.FIRST_IF_TIME]
+    assert steps[:2] == ["lossless-widths", "race-3"] and steps[-1] == "bench-draft-step"
+    assert args.race_concurrency == "1,32,128,256" and args.race_more_concurrency == "8,64"
+    assert args.race_servers == "dflash,dflash-builtin,baseline" and args.bench_batch_sizes == "1"
+    must = gpu_proof.plan_estimates("cuda", gpu_proof.FIRST_MUST, args)
+    assert list(must)[:3] == ["unpack", "models", "import SGLang"]
+    assert {"race-3 dflash", "race-3 dflash-builtin", "race-3 baseline"} <= set(must)
+    # one engine per pair and its run: a plain one and one DFLASH (10 s: the oracle's load)
+    assert must["lossless-widths trained"] == 10 + 2 * gpu_proof.ESTIMATES["cuda"]["lossless-engine"]
+    total = sum(must.values()) + gpu_proof.REPORT_MARGIN
+    assert total <= args.deadline == 540, must
+    whole = gpu_proof.plan_estimates("cuda", steps, args)
+    assert "race-6.5 baseline" not in whole  # measured once, by race-3
+
+
+def test_a_race_servers_estimate_is_its_start_up_and_its_levels():
+    """55 s, then each level and its drain: the H100's 3 levels of 10 s (83-92 s measured) at 100."""
+    assert gpu_proof.race_estimate("cuda", 3, 10.0) == 100
+    assert gpu_proof.race_estimate("cuda", 4, 6.0) == 99
+
+
+def test_the_w1_table_and_a_second_set_of_levels_in_the_report(tmp_path):
+    """race-<acc>-<server>@<tag> folders join the race table; race-width1 is its own table, the
+    baseline's throughput over ours at W = 1 (the step time ratio), within 3% or not."""
+    from tests.gpu_kit.serve import report
+
+    def results(folder, levels):
+        path = tmp_path / folder
+        path.mkdir()
+        summary = lambda tok: dict(output_throughput=tok, tpot_ms=dict(mean=5.0), requests=4, completed=4)  # noqa: E731
+        runs = [dict(levels=[dict(concurrency=c, summary=summary(t)) for c, t in levels])]
+        (path / "results.json").write_text(json.dumps(dict(runs=runs)))
+
+    results("race-baseline", [(1, 100.0), (32, 1000.0)])
+    results("race-3-dflash@more", [(8, 700.0)])
+    results(gpu_proof.WIDTH1_FOLDER, [(1, 98.0), (32, 950.0)])
+    rows = report.race_rows(str(tmp_path))
+    assert {(r["acc"], r["server"], r["concurrency"]) for r in rows if r["server"] != "baseline"} == {
+        ("3", "dflash", 8),
+        (None, "width1", 1),
+        (None, "width1", 32),
+    }
+    assert "| 3 | 8 | - | 700 (5.0) |" in report.race_table(rows)
+    lines = report.width1_table(rows).splitlines()
+    assert lines[2] == "| 1 | 100 (5.0) | 98 (5.0) | 1.020x | yes |"
+    assert lines[3] == "| 32 | 1000 (5.0) | 950 (5.0) | 1.053x | no |"
