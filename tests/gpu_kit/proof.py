@@ -603,7 +603,13 @@ def lossless_pairs(proof: Proof) -> dict:
             os.path.join(pair, "draft"),
             ["--prompts-file", os.path.join(pair, "prompts.json")],
         ),
-        "random": (os.path.join(models, "tiny-target"), os.path.join(models, "tiny-draft"), []),
+        # Its widths run takes W = 1 through the decode forward (eager beside the verify graphs,
+        # `target_forward.replays_decode`); the trained pair's, through width 1's verify graph.
+        "random": (
+            os.path.join(models, "tiny-target"),
+            os.path.join(models, "tiny-draft"),
+            ["--width1-forward", "decode"],
+        ),
     }
 
 

@@ -239,15 +239,19 @@ def block_size(draft: str) -> int:
 
 
 @contextlib.contextmanager
-def run_env(name: str, draft: str, device: str):
+def run_env(name: str, draft: str, device: str, width1_forward: Optional[str] = None):
     """The environment of one run (the engine's scheduler inherits it): for "dflash widths",
-    a forced cycle of every width with its own verify graph (on CPU, its own backend)."""
+    a forced cycle of every width with its own verify graph (on CPU, its own backend), its
+    steps at W = 1 through `width1_forward` when given (SGLANG_DFLASH_WIDTH1_FORWARD: "decode"
+    runs them through the target's decode forward, eager beside the verify graphs)."""
     if name != "dflash widths":
         yield
         return
     from sglang_dflash.width.verify_widths import graph_widths
 
     env = {"SGLANG_DFLASH_TEST_WIDTHS": ",".join(str(w) for w in sorted(graph_widths(block_size(draft))))}
+    if width1_forward:
+        env["SGLANG_DFLASH_WIDTH1_FORWARD"] = width1_forward
     if device == "cpu":
         env["SGLANG_DFLASH_VERIFY_GRAPHS"] = "eager"
     saved = {key: os.environ.get(key) for key in env}
@@ -403,6 +407,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--samples", type=int, default=0, help="then N sampled requests, and N/8 under a grammar, per engine"
     )
+    p.add_argument(
+        "--width1-forward",
+        choices=["decode", "verify"],
+        help="the widths run's steps at W = 1: the target's decode forward, or a verify over one token",
+    )
     args = p.parse_args(argv)
     extra = json.loads(args.engine_args)
     if args.samples:
@@ -426,7 +435,7 @@ def main(argv=None) -> int:
     for name in args.runs.split(","):
         run = f"dflash {name}"
         print(f"== {run}", flush=True)
-        with run_env(run, args.draft, args.device):
+        with run_env(run, args.draft, args.device, args.width1_forward):
             spec = dict(RUNS[name], **extra, **json.loads(args.dflash_args))
             with engine(args.target, args.draft, args.device, **spec) as (served, started):
                 outputs[run], stats = serve_prompts(served, prompts, args.new_tokens)

@@ -359,3 +359,23 @@ def test_the_w1_table_and_a_second_set_of_levels_in_the_report(tmp_path):
     lines = report.width1_table(rows).splitlines()
     assert lines[2] == "| 1 | 100 (5.0) | 98 (5.0) | 1.020x | yes |"
     assert lines[3] == "| 32 | 1000 (5.0) | 950 (5.0) | 1.053x | no |"
+
+
+def test_the_widths_run_takes_width_1_through_the_forward_its_pair_asks_for(tmp_path):
+    """gpu-first's lossless runs: the trained pair's steps at W = 1 replay width 1's verify graph,
+    the random pair's take the target's decode forward (SGLANG_DFLASH_WIDTH1_FORWARD=decode),
+    each only inside its widths run, the environment put back after."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"block_size": 8}))
+    os.environ.pop("SGLANG_DFLASH_WIDTH1_FORWARD", None)
+    with lossless.run_env("dflash widths", str(draft), "cuda", "decode"):
+        assert os.environ["SGLANG_DFLASH_TEST_WIDTHS"] == "1,2,4,8"
+        assert os.environ["SGLANG_DFLASH_WIDTH1_FORWARD"] == "decode"
+    assert "SGLANG_DFLASH_WIDTH1_FORWARD" not in os.environ and "SGLANG_DFLASH_TEST_WIDTHS" not in os.environ
+    with lossless.run_env("dflash widths", str(draft), "cuda"):
+        assert "SGLANG_DFLASH_WIDTH1_FORWARD" not in os.environ
+    proof = gpu_proof.Proof(device="cuda", deadline=540, state=str(tmp_path), out=str(tmp_path))
+    pairs = gpu_proof.lossless_pairs(proof)
+    assert pairs["random"][2] == ["--width1-forward", "decode"]
+    assert "--width1-forward" not in pairs["trained"][2]
