@@ -641,18 +641,27 @@ def lossless(proof: Proof, runs: str, pairs: str) -> None:
 MATRIX_PROMPTS = {"cuda": ("6", "32", "1000"), "cpu": ("3", "12", "200")}
 
 
+def runs_alone(family) -> bool:
+    """Whether a matrix family's engines run with no other family's beside them: a hybrid target
+    sizes its Mamba state pool from the device memory free when it measures it (SGLang's
+    `kv_cache_configurator._profile_available_bytes`), which engines starting beside it would
+    be taking at that moment."""
+    return family.builder == "hybrid"
+
+
 def matrix(proof: Proof, families: str, parallel: int) -> None:
     """Each family's lossless comparison (`serve/families.py run`) in its own process, at most
-    `parallel` at once, started in priority order while its estimate fits before the deadline;
+    `parallel` at once (a hybrid target's alone, `runs_alone`), started in priority order while
+    its estimate fits before the deadline;
     a record per family, its note the comparison's summary or the first missing op."""
     from tests.gpu_kit.serve.families import select
 
     models = os.path.join(proof.state, "models", "families")
     prompts, tokens, samples = MATRIX_PROMPTS[proof.device]
-    running: list = []  # (name, results file)
+    running: list = []  # (name, results file, runs alone)
 
     def collect() -> None:
-        name, out = running.pop(0)
+        name, out, _ = running.pop(0)
         record = proof.wait_background(name, "")
         record.note = family_note(out) if record.status == "ok" else missing_op(proof.log_path(name))
         proof.write()
@@ -662,7 +671,8 @@ def matrix(proof: Proof, families: str, parallel: int) -> None:
         if os.path.isfile(out) and json.load(open(out)).get("lossless") is not None:
             proof.skip(name, f"measured earlier in this state ({os.path.basename(out)})")
             continue
-        while len(running) >= parallel:
+        alone = runs_alone(family)
+        while running and (len(running) >= (1 if alone else parallel) or running[-1][2]):
             collect()
         estimate = proof.estimate("matrix-family")
         if estimate > proof.left() - REPORT_MARGIN:
@@ -672,7 +682,7 @@ def matrix(proof: Proof, families: str, parallel: int) -> None:
         cmd += ["--out", out, "--device", proof.device, "--prompts", prompts, "--new-tokens", tokens]
         cmd += ["--samples", samples]
         proof.start_background(name, cmd)
-        running.append((name, out))
+        running.append((name, out, alone))
     while running:
         collect()
 

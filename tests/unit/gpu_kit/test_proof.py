@@ -379,3 +379,28 @@ def test_the_widths_run_takes_width_1_through_the_forward_its_pair_asks_for(tmp_
     pairs = gpu_proof.lossless_pairs(proof)
     assert pairs["random"][2] == ["--width1-forward", "decode"]
     assert "--width1-forward" not in pairs["trained"][2]
+
+
+def test_the_matrix_runs_a_hybrid_target_alone(tmp_path, monkeypatch):
+    """Up to --matrix-parallel families at once, but a hybrid target's engines with no other
+    family's beside them: it sizes its Mamba pool from the device memory free as it measures."""
+    proof = gpu_proof.Proof(device="cuda", deadline=10**6, state=str(tmp_path), out=str(tmp_path))
+    running, beside = set(), {}
+
+    def start(name, cmd, env=None):
+        running.add(name)
+        beside[name] = set(running) - {name}
+
+    def wait(name, why):
+        running.discard(name)
+        return gpu_proof.StepRecord(name, "failed")
+
+    monkeypatch.setattr(proof, "start_background", start)
+    monkeypatch.setattr(proof, "wait_background", wait)
+    monkeypatch.setattr(proof, "write", lambda: None)
+    monkeypatch.setattr(gpu_proof, "missing_op", lambda path: "")
+    gpu_proof.matrix(proof, "gpt_oss,gemma4,qwen3_5,qwen3_next,qwen3_moe,dflash2", 3)
+    assert beside["matrix gemma4"] == {"matrix gpt_oss"}  # two plain families together
+    assert beside["matrix qwen3_5"] == set() and beside["matrix qwen3_next"] == set()
+    assert beside["matrix qwen3_moe"] == set()  # started after the hybrid one ended
+    assert beside["matrix dflash2"] == {"matrix qwen3_moe"}
