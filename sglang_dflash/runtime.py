@@ -30,6 +30,7 @@ from sglang_dflash.checkpoint.config import DFlashDraftConfig, resolve_checkpoin
 from sglang_dflash.checkpoint.mask_token import load_mask_embedding, resolve_mask_token_id
 from sglang_dflash.draft import flashinfer_attention, fused_forward
 from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_plan import DraftKVPlan
 from sglang_dflash.draft.kv_store import DraftKVStore, kv_cache_region, resolve_draft_kv_dtype
 from sglang_dflash.draft.model import DFlashDraftModel
 from sglang_dflash.draft.step import PLAN_FREE_MAX_LEN, DraftStep, capture_in_sglang
@@ -108,6 +109,7 @@ class DraftRuntime:
 
         # Built by `allocate`:
         self.store: Optional[DraftKVStore] = None
+        self.kv_plan: Optional[DraftKVPlan] = None  # what the store costs, full and sliding layers apart
         self.attention = None  # SdpaDraftAttention or FlashInferDraftAttention
         self.attention_name = ""
         self.verifier: Optional[Verifier] = None
@@ -260,13 +262,22 @@ class DraftRuntime:
         if flashinfer_unavailable is None:
             scratch = flashinfer_attention.num_scratch_slots(max_bs, self.block_size)
         # Every persistent buffer sits in SGLang's memory-saver KV region, with the target's pools.
+        num_kv_heads = self.tp.split(self.config.num_key_value_heads, "KV heads")  # this rank's
+        kv_dtype = resolve_draft_kv_dtype(self.dtype)
+        self.kv_plan = DraftKVPlan.for_draft(
+            self.config,
+            context_window=self.context_window,
+            num_kv_heads=num_kv_heads,
+            itemsize=kv_dtype.itemsize,
+            store_slots=num_slots,
+        )
         with kv_cache_region():
             self.store = DraftKVStore(
                 num_slots=num_slots + scratch,
                 num_layers=self.config.num_hidden_layers,
-                num_kv_heads=self.tp.split(self.config.num_key_value_heads, "KV heads"),  # this rank's
+                num_kv_heads=num_kv_heads,
                 head_dim=self.config.head_dim,
-                dtype=resolve_draft_kv_dtype(self.dtype),
+                dtype=kv_dtype,
                 device=self.device,
             )
             self.attention, self.attention_name = self._choose_attention(
@@ -290,12 +301,14 @@ class DraftRuntime:
         self.context_check = draft_context.for_decode_engine(self.store, transfers_draft_kv, metrics)
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
-        logger.info(
-            "DFLASH draft KV store: %d slots, %s, %.1f MB",
-            num_slots,
-            self.store.k.dtype,
-            self.store.nbytes / 2**20,
-        )
+        logger.info("DFLASH draft KV store (%s): %s", self.store.k.dtype, self.kv_plan.describe())
+        if self.kv_plan.sliding_layers:  # memory the target could have had: say so, once
+            logger.warning(
+                "DFLASH draft KV: sliding layers %s keep K/V for every token (%.1f MiB), "
+                "not only their window; a window pool is not built yet",
+                list(self.kv_plan.sliding_layers),
+                num_slots * self.kv_plan.sliding_bytes_per_token / 2**20,
+            )
 
     def _choose_attention(self, flashinfer_unavailable: Optional[str], num_slots: int, max_bs: int):
         """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""

@@ -214,6 +214,8 @@ def _add_speculative_state(original, self, state):
         if runtime is not None:  # how this draft's family proposes (`propose/proposers.py`)
             state["dflash_proposals"] = runtime.proposer.name
             state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
+            if runtime.kv_plan is not None:  # full and sliding layers' bytes per token, apart
+                state["dflash_draft_kv"] = runtime.kv_plan.server_info()
             if runtime.last_tokens is not None:  # LiLiCorr: a missing last-token feature costs acceptance
                 state["dflash_lilicorr_last_tokens"] = runtime.last_tokens.describe()
         window = getattr(worker, "grammar_window", None)

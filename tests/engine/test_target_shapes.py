@@ -203,6 +203,11 @@ def test_greedy_matches_target(served, batch_size):
     assert weights.startswith("fp8 e4m3 (16x24 block scales") == (shape == "draft-options"), weights
     assert weights.startswith("NVFP4 e2m1 (W4A16_NVFP4") == (shape == "page16-nemotron"), weights
     assert ("its own token embedding [384, 64]" in weights) == (shape == "page16-nemotron"), weights
+    # Each draft layer's reach: MiMo's window on every layer, or --speculative-draft-window-size.
+    window = {"draft-options": SWA_WINDOW, "window16-lilicorr": WINDOW}.get(shape)
+    kv = state["dflash_draft_kv"]
+    assert kv["sliding_windows"] == [window] * len(kv["sliding_layers"]), kv
+    assert (kv["full_layers"] == []) == (window is not None), kv
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]
