@@ -89,10 +89,11 @@ def test_the_race_rehearses_on_cpu(tmp_path):
 
 
 @pytest.mark.sglang
+@pytest.mark.slow  # two servers, about 100 s; a subset of the race above (gpu-first's covers race-3)
 def test_the_adaptive_race_against_ours_at_b_rehearses_on_cpu(tmp_path):
-    """make gpu-race's own comparison in brief, in `make test`: the geometric acceptance step,
-    ours adaptive against ours at B, one level, through the proof's steps, servers and report
-    (the slow test above runs every server at two levels)."""
+    """make gpu-race's own comparison in brief: the geometric acceptance step, ours adaptive
+    against ours at B, one level, through the proof's steps, servers and report (the race above
+    runs every server at two levels)."""
     out = rehearse(
         tmp_path,
         300,
