@@ -90,10 +90,18 @@ def refusal(cls: type, two_batch_overlap: bool) -> Optional[str]:
     return None
 
 
+COMPLETED = "_dflash_capture_completed"  # on a model `complete_capture` gave a hook: its route
+
+
 def complete_capture(model) -> Optional[str]:
     """Give the loaded target `model` the DFlash hook SGLang calls, where its class lacks it;
-    returns how (`capture_route`), None when nothing was done."""
+    returns how (`capture_route`), None when nothing was done. Idempotent: a model given its hook
+    once keeps it (a second call would wrap the forward a second time)."""
     route = capture_route(type(model))
+    if getattr(model, COMPLETED, None) is not None:
+        return None
+    if route in ("eagle3", "residual_stream"):
+        setattr(model, COMPLETED, route)
     if route == "eagle3":
         model.set_dflash_layers_to_capture = _through_eagle3(model)
     elif route == "residual_stream":
@@ -142,11 +150,16 @@ def _residual_stream(model):
         captured.clear()
         return (hidden, out) if out else hidden
 
+    hooks: list = []  # the pre-hooks of the last call: a new call replaces them, never adds
+
     def set_dflash_layers_to_capture(layer_ids: Sequence[int]) -> None:
         if layer_ids is None:
             raise ValueError("DFLASH requires explicit layer_ids for aux hidden capture")
+        for hook in hooks:
+            hook.remove()
+        hooks.clear()
         for k in sorted(set(layer_ids)):  # SGLang's order: each layer once, in layer order
-            inner.layers[k + 1].register_forward_pre_hook(record, with_kwargs=True)
+            hooks.append(inner.layers[k + 1].register_forward_pre_hook(record, with_kwargs=True))
         inner.layers_to_capture = []  # its own (wrong) capture off
         model.capture_aux_hidden_states = True
         inner.forward = forward_capturing

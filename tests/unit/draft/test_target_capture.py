@@ -137,6 +137,13 @@ def test_gemma3s_hook_records_the_residual_stream_entering_each_listed_layer():
     torch.testing.assert_close(normed, streams[3])
     _, again = target.model(x)  # a second forward records afresh
     assert len(again) == 2
+    # Completed twice and set again (another runner over the same model): still once per layer.
+    assert complete_capture(target) is None
+    target.set_dflash_layers_to_capture([1])
+    normed, captured = target.model(x)
+    assert len(captured) == 1
+    torch.testing.assert_close(captured[0], streams[1])
+    torch.testing.assert_close(normed, streams[3])
 
 
 def test_classes_without_a_checked_capture_are_refused_by_name():
