@@ -76,6 +76,9 @@ def test_never_accepted_drafts_turn_speculation_off(tiny, tmp_path, monkeypatch,
     assert all("draft" in s["phases"] for s in steps if s["width"] > 1)
 
 
+# With --run-slow only (suite time): make test's rehearsal of make gpu-first cycles one DFLASH run
+# through every width on the trained pair against the plain engine (test_gpu_kit_rehearsal.py).
+@pytest.mark.slow
 def test_every_width_in_turn_is_lossless(tiny, tmp_path, monkeypatch, reference):
     """Decode steps forced through every width 1..B in turn (SGLANG_DFLASH_TEST_WIDTHS): greedy
     outputs equal the plain engine's, and every width ran."""

@@ -59,8 +59,12 @@ def _run(tiny, trace_path, skip_decode_injection: bool, width1_steps: int = 0):
     return warm, cold, steps["warm"], steps["cold"]
 
 
+# "speculating" with --run-slow only (suite time): "after-width-1-steps" speculates after its
+# first 20 steps, so its cached prefix holds tokens committed by verify steps too.
 @pytest.mark.parametrize(
-    "width1_steps", [0, 20, 39], ids=["speculating", "after-width-1-steps", "finished-at-width-1"]
+    "width1_steps",
+    [pytest.param(0, marks=pytest.mark.slow), 20, 39],
+    ids=["speculating", "after-width-1-steps", "finished-at-width-1"],
 )
 def test_cached_prefix_gives_the_same_draft_proposals(tiny, tmp_path, width1_steps):
     """With `after-width-1-steps`, the first 20 tokens of the cached prefix's generated part
