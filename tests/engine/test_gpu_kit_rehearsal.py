@@ -146,10 +146,12 @@ def test_gpu_first_rehearses_on_cpu(tmp_path):
     table; race-more-3 without levels is skipped and says so. Left out here: race-6.5 (race-3's
     code at another acceptance) and the draft-step benchmark (CUDA only)."""
     steps = [s for s in gpu_proof.FIRST_MUST + gpu_proof.FIRST_IF_TIME if s != "race-6.5"]
+    # About 260 s on a 2-core machine; the deadline leaves room for a slower one (it cut a CI run
+    # short at 300 s), and the steps inside it are what a GPU's 15 minutes run.
     out = rehearse(
         tmp_path,
-        300,
-        400,
+        600,
+        720,
         "--plan",
         "first",
         "--steps",

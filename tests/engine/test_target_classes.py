@@ -72,7 +72,8 @@ PyTorch forwards above (an oracle for SGLang's class, for our attention sinks, a
 checkpoint written by hand); DFLASH (on the Gemma-4 classes, gpt-oss, Laguna and MiMo-V2 with a
 draft reading the last layer) against that engine, greedy
 token-identical at batch 1 and 4, with acceptance above 1 (the targets favour one token); then a
-prefix-cache round. One plain engine and one DFLASH engine per class, one at a time. Gemma-4 and
+prefix-cache round. One plain engine and one DFLASH engine per class, one at a time; seven
+classes in `make test` (`FAST`), the others with --run-slow. Gemma-4 and
 gpt-oss start as a user starts them (no attention backend named: SGLang picks intel_amx, then
 torch_native without AMX).
 """
@@ -145,7 +146,8 @@ CLASSES = {
         {"attention_backend": None, "enable_multimodal": False},
         1.5,
     ),
-    "interns2_mobius": ("interns2_mobius", 0, 8.0, {"enable_multimodal": False}, 1.1),
+    # A hybrid target: its Mamba state pool sized as in test_hybrid_targets.py.
+    "interns2_mobius": ("interns2_mobius", 0, 8.0, {"enable_multimodal": False, **engines.MAMBA_CACHE}, 1.1),
     "qwen3_vl_moe": ("qwen3_vl_moe", 2, 2.5, {}, 2.0),
     # DeepSeek-V3's weights (CONVERTED_FROM), seed and favour; no vision weights: text only.
     "kimi_k25": ("deepseek_v3", 0, 3.0, {"enable_multimodal": False}, 1.5),
@@ -414,14 +416,21 @@ def _greedy_ids(model, prompts) -> list:
     return [_greedy(model, torch.tensor([prompt])) for prompt in prompts]
 
 
-# Run with --run-slow only (suite time): the text-only Muse Glimmer class, whose SGLang subclass
-# MuseGlimmerForConditionalGeneration (the same text model, capture method included) runs above.
-SLOW = {"muse_glimmer_lm"}
+# `make test` serves the classes of the targets DFlash drafts are published for and the paths no
+# other class takes: Gemma-4 (text and multimodal classes, sliding layers, the published draft
+# config), gpt-oss (sinks), Qwen3-VL (images, the capture method its inner model lacks),
+# Kimi-K2.5 (DeepSeek-V3's MLA and YaRN behind a multimodal wrapper), GLM-4-MoE-Lite (MLA with
+# query LoRA) and MiMo-V2-Flash (a remote-code config class). The other classes run with
+# --run-slow only (suite time: about a minute each on 2 cores).
+FAST = {"gemma4", "gemma4_mm", "gpt_oss", "qwen3_vl", "kimi_k25", "glm4_moe_lite", "mimo_v2"}
+SLOW = set(CLASSES) - FAST
 
 
-@pytest.fixture(
-    scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in CLASSES]
-)
+def _params(names) -> list:
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]
+
+
+@pytest.fixture(scope="module", params=_params(CLASSES))
 def served(request, tiny):
     """(name, target path, plain outputs, DFLASH outputs, DFLASH server state), one class at a time."""
     name = request.param
@@ -554,7 +563,7 @@ def _with_pixels(target: str, ids: list, images) -> tuple:
                           mm_token_type_ids=mm_types)  # fmt: skip
 
 
-@pytest.mark.parametrize("served", sorted(IMAGE_CLASSES), indirect=True)
+@pytest.mark.parametrize("served", _params(sorted(IMAGE_CLASSES)), indirect=True)
 def test_image_requests(served, tiny):
     """Qwen3-VL's image requests: the engine without speculation and DFLASH, one at a time and four
     together, equal transformers' greedy ids; the repeated image is a cached prefix in both; and

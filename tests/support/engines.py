@@ -17,6 +17,11 @@ CPU_ENGINE = dict(
     max_running_requests=32,
     log_level="error",
 )
+# For hybrid (linear-attention) targets: SGLang sizes their Mamba state pool from the memory free
+# when it measures it, half a million slots on these machines, and allocating that took about
+# 180 s of a plain engine's start. 256 slots keep every running request's (32 x SGLang's 3 per
+# request, more with the extra buffer) and cached prefixes' states.
+MAMBA_CACHE = dict(max_mamba_cache_size=256)
 
 
 def start(
