@@ -1,0 +1,168 @@
+"""The target's KV pool with DFLASH against without, at the same memory settings, on CPU engines.
+
+    python scripts/bench/target_pool_share.py [--drafts published,all-sliding,mixed]
+                                              [--window 32] [--mem-fraction 0.1] [--json PATH]
+
+SGLang sizes the target's pool from the memory it measures, and charges the draft's K/V per
+target token from that budget (`mem_cache/draft_kv_budget.py`): each target slot costs the
+target's bytes per token plus the draft's. This starts, one after the other, the engine without
+speculation and a DFLASH engine per draft variant on the shipped tiny pair (sglang_dflash/assets),
+with nothing capping the pool (no --max-total-tokens), and reads `max_total_num_tokens` and the
+draft's K/V plan from server info:
+
+  published     the shipped draft as it is (full-attention layers).
+  all-sliding   the same weights, every layer re-declared sliding with window --window.
+  mixed         the first layer sliding (window --window), the others full.
+
+`x plain` is the DFLASH engine's pool over the plain engine's, measured in this run. The draft's
+bytes per token (full and sliding layers apart) are server info's. `windowed (estimate)` is what a
+window pool would give: the budget the plain engine spent, M = its tokens x t, less the sliding
+layers' rows per request slot (window + block, for --max-running-requests 32), over t + the full
+layers' bytes. t, the target's bytes per token, is read off the measured ratio r = t / (t + d):
+t = d r / (1 - r). A computation, until the window pool is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+VARIANTS = ("published", "all-sliding", "mixed")
+MAX_RUNNING_REQUESTS = 32
+
+
+def draft_variant(draft: str, variant: str, window: int, root: str) -> str:
+    """A copy of `draft` whose config declares the variant's layer types (the weights are shared)."""
+    if variant == "published":
+        return draft
+    path = os.path.join(root, f"draft-{variant}")
+    shutil.copytree(draft, path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    layers = config["num_hidden_layers"]
+    kinds = ["sliding_attention"] * layers if variant == "all-sliding" else ["sliding_attention"]
+    config["layer_types"] = kinds + ["full_attention"] * (layers - len(kinds))
+    config["sliding_window"] = window
+    config["use_sliding_window"] = True  # transformers' Qwen3Config drops the window otherwise
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return path
+
+
+def measure(target: str, draft: str | None, mem_fraction: float) -> dict:
+    import sglang as sgl
+
+    args = dict(
+        model_path=target,
+        device="cpu",
+        attention_backend="torch_native",
+        mem_fraction_static=mem_fraction,
+        max_running_requests=MAX_RUNNING_REQUESTS,
+        log_level="error",
+    )
+    if draft is not None:
+        args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
+    started = time.time()
+    engine = sgl.Engine(**args)
+    try:
+        info = engine.get_server_info()
+        return {
+            "max_total_num_tokens": int(info["max_total_num_tokens"]),
+            "draft_kv": info["internal_states"][0].get("dflash_draft_kv"),
+            "start_s": time.time() - started,
+        }
+    finally:
+        engine.shutdown()
+
+
+def windowed_estimate(plain_tokens: int, ratio: float, full: int, sliding: int, rows: int) -> int:
+    """Target tokens with the sliding layers holding `rows` K/V rows per request slot (see above)."""
+    target = (full + sliding) * ratio / (1 - ratio)  # t, bytes per token
+    budget = plain_tokens * target - rows * MAX_RUNNING_REQUESTS * sliding
+    return int(budget / (target + full))
+
+
+def table(rows: list[dict]) -> str:
+    out = [
+        "| Engine | Draft layers | Draft B/token (full + sliding) | Target tokens | x plain "
+        "| Windowed (estimate) | x plain |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['engine']} | {r['layers']} | {r['draft_bytes']} | {r['tokens']:,} | {r['ratio']:.2f} | "
+            + (f"{r['windowed']:,} | {r['windowed_ratio']:.2f} |" if "windowed" in r else "- | - |")
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--drafts", default=",".join(VARIANTS), help=f"some of {','.join(VARIANTS)}")
+    parser.add_argument("--window", type=int, default=32, help="the sliding layers' window")
+    parser.add_argument("--mem-fraction", type=float, default=0.1, help="--mem-fraction-static, every engine")
+    parser.add_argument("--json", help="write the rows here too")
+    args = parser.parse_args()
+    variants = [v for v in args.drafts.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown drafts {sorted(unknown)}; choose from {list(VARIANTS)}")
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+    from sglang_dflash.assets import tiny_pair
+    from sglang_dflash.checkpoint.config import DFlashDraftConfig
+
+    target, draft = tiny_pair()
+    block_size = DFlashDraftConfig.from_pretrained(draft).block_size
+    with tempfile.TemporaryDirectory() as root:
+        print("plain engine ...", flush=True)
+        plain = measure(target, None, args.mem_fraction)
+        print(f"  {plain['max_total_num_tokens']:,} tokens ({plain['start_s']:.0f} s)", flush=True)
+        rows = [
+            dict(engine="no speculation", layers="-", tokens=plain["max_total_num_tokens"], ratio=1.0,
+                 draft_bytes="-", start_s=plain["start_s"])
+        ]  # fmt: skip
+        for variant in variants:
+            print(f"DFLASH, {variant} draft ...", flush=True)
+            got = measure(target, draft_variant(draft, variant, args.window, root), args.mem_fraction)
+            kv = got["draft_kv"]
+            full, sliding = kv["bytes_per_token_full"], kv["bytes_per_token_sliding"]
+            windows = sorted(set(kv["sliding_windows"]))
+            layers = f"{len(kv['full_layers'])} full + {len(kv['sliding_layers'])} sliding"
+            if windows:
+                layers += f" (window {'/'.join(map(str, windows))})"
+            ratio = got["max_total_num_tokens"] / plain["max_total_num_tokens"]
+            rows.append(
+                dict(
+                    engine=f"DFLASH, {variant}",
+                    layers=layers,
+                    tokens=got["max_total_num_tokens"],
+                    ratio=ratio,
+                    draft_bytes=f"{full} + {sliding}",
+                    start_s=got["start_s"],
+                )
+            )
+            if sliding:
+                ring = max(windows) + block_size
+                est = windowed_estimate(plain["max_total_num_tokens"], ratio, full, sliding, ring)
+                rows[-1].update(windowed=est, windowed_ratio=est / plain["max_total_num_tokens"])
+            print(
+                f"  {rows[-1]['tokens']:,} tokens, x{rows[-1]['ratio']:.2f} ({got['start_s']:.0f} s)",
+                flush=True,
+            )
+    print(f"\n--mem-fraction-static {args.mem_fraction}, --max-running-requests {MAX_RUNNING_REQUESTS}\n")
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(mem_fraction=args.mem_fraction, rows=rows), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
