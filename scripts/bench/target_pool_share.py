@@ -2,13 +2,15 @@
 
     python scripts/bench/target_pool_share.py [--drafts published,all-sliding,mixed]
                                               [--window 32] [--mem-fraction 0.1] [--json PATH]
+                                              [--target DIR --draft DIR] [--engine-args JSON]
 
 SGLang sizes the target's pool from the memory it measures, and charges the draft's K/V per
 target token from that budget (`mem_cache/draft_kv_budget.py`): each target slot costs the
 target's bytes per token plus the draft's. This starts, one after the other, the engine without
 speculation and a DFLASH engine per draft variant on the shipped tiny pair (sglang_dflash/assets),
-with nothing capping the pool (no --max-total-tokens), and reads `max_total_num_tokens` and the
-draft's K/V plan from server info:
+or on --target and --draft, with nothing capping the pool (no --max-total-tokens), and reads
+`max_total_num_tokens` and the draft's K/V plan from server info (--engine-args: more engine
+arguments for every engine, a JSON object):
 
   published     the shipped draft as it is (full-attention layers).
   all-sliding   the same weights, every layer re-declared sliding with window --window.
@@ -56,7 +58,7 @@ def draft_variant(draft: str, variant: str, window: int, root: str) -> str:
     return path
 
 
-def measure(target: str, draft: str | None, mem_fraction: float) -> dict:
+def measure(target: str, draft: str | None, mem_fraction: float, extra: dict) -> dict:
     import sglang as sgl
 
     args = dict(
@@ -66,6 +68,7 @@ def measure(target: str, draft: str | None, mem_fraction: float) -> dict:
         mem_fraction_static=mem_fraction,
         max_running_requests=MAX_RUNNING_REQUESTS,
         log_level="error",
+        **extra,
     )
     if draft is not None:
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
@@ -109,6 +112,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32, help="the sliding layers' window")
     parser.add_argument("--mem-fraction", type=float, default=0.1, help="--mem-fraction-static, every engine")
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--target", help="a target checkpoint (default: the shipped tiny pair's)")
+    parser.add_argument("--draft", help="its DFlash draft (with --target)")
+    parser.add_argument("--engine-args", default="{}", help="more sgl.Engine arguments, a JSON object")
     args = parser.parse_args()
     variants = [v for v in args.drafts.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
@@ -119,11 +125,14 @@ def main() -> None:
     from sglang_dflash.assets import tiny_pair
     from sglang_dflash.checkpoint.config import DFlashDraftConfig
 
-    target, draft = tiny_pair()
+    if (args.target is None) != (args.draft is None):
+        parser.error("--target and --draft go together")
+    target, draft = (args.target, args.draft) if args.target else tiny_pair()
+    extra = json.loads(args.engine_args)
     block_size = DFlashDraftConfig.from_pretrained(draft).block_size
     with tempfile.TemporaryDirectory() as root:
         print("plain engine ...", flush=True)
-        plain = measure(target, None, args.mem_fraction)
+        plain = measure(target, None, args.mem_fraction, extra)
         print(f"  {plain['max_total_num_tokens']:,} tokens ({plain['start_s']:.0f} s)", flush=True)
         rows = [
             dict(engine="no speculation", layers="-", tokens=plain["max_total_num_tokens"], ratio=1.0,
@@ -131,7 +140,7 @@ def main() -> None:
         ]  # fmt: skip
         for variant in variants:
             print(f"DFLASH, {variant} draft ...", flush=True)
-            got = measure(target, draft_variant(draft, variant, args.window, root), args.mem_fraction)
+            got = measure(target, draft_variant(draft, variant, args.window, root), args.mem_fraction, extra)
             kv = got["draft_kv"]
             full, sliding = kv["bytes_per_token_full"], kv["bytes_per_token_sliding"]
             windows = sorted(set(kv["sliding_windows"]))
