@@ -163,8 +163,7 @@ def main() -> None:
                 est = windowed_estimate(plain["max_total_num_tokens"], ratio, full, sliding, ring)
                 rows[-1].update(windowed=est, windowed_ratio=est / plain["max_total_num_tokens"])
             print(
-                f"  {rows[-1]['tokens']:,} tokens, x{rows[-1]['ratio']:.2f} ({got['start_s']:.0f} s)",
-                flush=True,
+                f"  {got['max_total_num_tokens']:,} tokens, x{ratio:.2f} ({got['start_s']:.0f} s)", flush=True
             )
     print(f"\n--mem-fraction-static {args.mem_fraction}, --max-running-requests {MAX_RUNNING_REQUESTS}\n")
     print(table(rows))

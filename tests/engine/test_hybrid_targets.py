@@ -35,8 +35,6 @@ HYBRID = dict(
     chunked_prefill_size=16,  # smaller than most prompts
     max_prefill_tokens=64,
 )
-# Every engine here, the Qwen3-Next ones with the defaults included (see tests/support/engines.py).
-SIZED = engines.MAMBA_CACHE
 GREEDY = {"max_new_tokens": 24, "temperature": 0.0}
 PROMPTS = engines.prompts(16, seed=0)
 SHARED_PREFIX = engines.prompts(1, seed=7, min_len=40, max_len=40)[0]
@@ -94,7 +92,7 @@ def reference(tiny, fp32_conv_state):
     prompts and their continuations (for the comparison with transformers)."""
     out = {}
     for name in TARGETS:
-        engine = engines.start(tiny.hybrid_target(name), **HYBRID, **SIZED)
+        engine = engines.start(tiny.hybrid_target(name), **HYBRID, **engines.MAMBA_CACHE)
         try:
             out[name] = _serve(engine, name)
             scored = [p + o for p, o in zip(PROMPTS[:2], out[name]["greedy"][:2])]
@@ -147,8 +145,10 @@ def dflash(request, tiny, reference):
             if name in DEFAULT_FLAGS
             else HYBRID
         )
+        # Every engine's Mamba pool is sized, the default-flag ones included (tests/support/engines.py).
+        flags = {**flags, **engines.MAMBA_CACHE}
         engine = engines.start(
-            tiny.hybrid_target(name), tiny.draft("a"), width, fixed_width=mode == "fixed", **flags, **SIZED
+            tiny.hybrid_target(name), tiny.draft("a"), width, fixed_width=mode == "fixed", **flags
         )
     finally:
         os.environ.pop("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", None)
