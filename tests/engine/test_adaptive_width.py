@@ -7,6 +7,7 @@ policy's first estimates) and the probes are left out of the counts.
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.support import engines
@@ -114,8 +115,27 @@ def test_fixed_width_switch(tiny, tmp_path, monkeypatch, reference):
     assert {s["counts"]["target_attention_plans"] for s in steps} == {1}
 
 
-def test_always_accepted_drafts_keep_the_full_width(tiny, tmp_path, monkeypatch):
-    """Simulated acceptance of every proposal (benchmark mode): the full width pays."""
+def timed_steps(path) -> list[dict]:
+    """The decode steps after the warm-up that another decode step followed, each with its
+    committed tokens per second when every step commits its whole width (simulated full
+    acceptance): its width over its interval, from its start to the next one's."""
+    records = [json.loads(line) for line in open(path)]
+    timed = [
+        dict(step, rate=step["width"] / (after["t_start"] - step["t_start"]))
+        for step, after in zip(records, records[1:])
+        if step["kind"] == after["kind"] == "decode"
+    ]
+    return timed[WARMUP:]
+
+
+def test_always_accepted_drafts_keep_to_the_widths_that_pay(tiny, tmp_path, monkeypatch):
+    """Simulated acceptance of every proposal (benchmark mode), so every step commits its width:
+    no chosen step goes without the draft, and the chosen steps commit tokens at least 80% as
+    fast as the best width measured in the same run (the median of its steps). Which draft
+    width is best is the machine's: where the scheduler's per-token work dominates the step,
+    widths 6 to 8 tie within the noise (a CI run chose 6, 7 and 8 alike). A policy that did
+    not learn the acceptance (its prior, 0.6 a position) would settle on narrow widths, at a
+    fraction of the rate."""
     env = {
         "SGLANG_SIMULATE_ACC_LEN": "8",
         "SGLANG_SIMULATE_ACC_METHOD": "match-expected",
@@ -124,5 +144,11 @@ def test_always_accepted_drafts_keep_the_full_width(tiny, tmp_path, monkeypatch)
     # 8 tokens a step: longer outputs, for as many steps as the other tests.
     sampling = dict(GREEDY, max_new_tokens=600)
     _, steps = run_engine(tiny, tmp_path, monkeypatch, env, "simulated", sampling)
-    full = [s for s in chosen(steps) if s["width"] == 8]
-    assert len(full) >= 0.9 * len(chosen(steps)), trace(steps)
+    assert all(s["width"] > 1 for s in chosen(steps)), trace(steps)
+    timed = timed_steps(tmp_path / "simulated.jsonl")
+    by_width: dict[int, list[float]] = {}
+    for s in timed:
+        by_width.setdefault(s["width"], []).append(s["rate"])
+    medians = {w: float(np.median(r)) for w, r in by_width.items() if len(r) >= 3}
+    chosen_rate = float(np.mean([s["rate"] for s in chosen(timed)]))
+    assert chosen_rate >= 0.8 * max(medians.values()), (trace(steps), chosen_rate, medians)
