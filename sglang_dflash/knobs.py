@@ -197,6 +197,9 @@ REGISTRY: tuple[Knob, ...] = (
          "deferred_injection",
          "steps without draft queue their tokens' draft K/V for one bulk injection before the next draft "
          "(0: inject at once)"),
+    Knob("SGLANG_DFLASH_DRAFT_WINDOW_POOL", SERVING, SWITCH, False, "draft/window_ring.py", "window_pool",
+         "1: the draft's windowed layers keep each request's last window + block only, and the target's "
+         "pool gets the rest (CPU; docs/serving.md); 0: K/V for every token"),
     Knob("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", SERVING, SWITCH, True, "draft/step.py", "draft_graphs",
          "the draft step replays CUDA graphs where it can (0: always eager)"),
     Knob("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", SERVING, PLAN_FREE, PLAN_FREE_MAX_LEN, "draft/step.py",
@@ -335,6 +338,7 @@ class Knobs:
     fair_slack: Optional[float] = FAIR_SLACK  # None: off
     width1_forward: Optional[Width1Forward] = None  # None: the cheaper where known
     deferred_injection: bool = True
+    window_pool: bool = False
     draft_graphs: bool = True
     draft_plan_free: Optional[int] = PLAN_FREE_MAX_LEN  # None: no plan-free graphs
     verify_graphs: VerifyGraphs = "on"

@@ -42,7 +42,9 @@ from sglang_dflash.draft.target_features import (
 )
 from sglang_dflash.draft.target_head import TargetHead
 from sglang_dflash.draft.tensor_parallel import TensorParallel
-from sglang_dflash.integration import draft_context
+from sglang_dflash.draft.window_ring import WindowRing
+from sglang_dflash.integration import draft_budget, draft_context
+from sglang_dflash.integration.draft_budget import DraftBudget
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.server_args import draft_load_format
 from sglang_dflash.integration.step_aids import skipped
@@ -220,14 +222,20 @@ class DraftRuntime:
         slots: torch.Tensor,
         last_rows: Optional[torch.Tensor] = None,
         req_pool_indices: Optional[torch.Tensor] = None,
+        token_reqs: Optional[torch.Tensor] = None,
     ) -> None:
         """The target's captured layers of T tokens [T, C*H] at `positions` [T] -> their context
-        K/V in the draft KV store at `slots` [T] (slot 0: the sink, for tokens not committed).
-        With `last_tokens` (LiLiCorr), `last_rows` [n] are the rows of the last committed token
-        of the requests `req_pool_indices` [n], whose context features that store keeps."""
+        K/V in the draft KV store at `slots` [T] (slot 0: the sink, for tokens not committed);
+        with a window ring, the windowed layers' at the rows of each token's request slot
+        `token_reqs` [T]. With `last_tokens` (LiLiCorr), `last_rows` [n] are the rows of the
+        last committed token of the requests `req_pool_indices` [n], whose context features
+        that store keeps."""
         features = self.features.arrange(captured)  # [T, K*H]
         self.trace_features(positions, features)
-        ops.inject_context_kv(self.draft_model, self.store, features, positions, slots)
+        rows = None
+        if self.store.ring is not None:
+            rows = self.store.ring.write_rows(token_reqs, positions, slots != 0)  # [T]
+        ops.inject_context_kv(self.draft_model, self.store, features, positions, slots, rows)
         if self.last_tokens is not None:
             last = features[last_rows].to(self.draft_model.fc.weight.dtype)  # [n, K*H]
             self.last_tokens.write(
@@ -245,11 +253,14 @@ class DraftRuntime:
         enable_memory_saver: bool,
         transfers_draft_kv: bool,
         metrics=None,
+        window_pool: bool = False,
     ) -> None:
         """`req_to_token`: SGLang's request-to-slot table [max bs, max context];
         `target_kv_pool`: the target's KV pool, whose slot ids the store shares; `seed`: SGLang's
         random seed, broadcast from rank 0 (the same on every tensor-parallel rank);
-        `transfers_draft_kv`: PD transfer registers the draft's pool."""
+        `transfers_draft_kv`: PD transfer registers the draft's pool; `window_pool`: the
+        windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL), which SGLang's
+        budget set aside (`integration/draft_budget.py`)."""
         # Same slot-id space as the target pool (SGLang budgeted the draft's bytes per token
         # into the target pool's cell size, so this is the memory it set aside for us).
         num_slots = num_target_slots(target_kv_pool)
@@ -264,13 +275,10 @@ class DraftRuntime:
         # Every persistent buffer sits in SGLang's memory-saver KV region, with the target's pools.
         num_kv_heads = self.tp.split(self.config.num_key_value_heads, "KV heads")  # this rank's
         kv_dtype = resolve_draft_kv_dtype(self.dtype)
-        self.kv_plan = DraftKVPlan.for_draft(
-            self.config,
-            context_window=self.context_window,
-            num_kv_heads=num_kv_heads,
-            itemsize=kv_dtype.itemsize,
-            store_slots=num_slots,
-        )
+        ring = self.window_ring(max_bs) if window_pool else None
+        self.kv_plan = self._kv_plan(num_slots, ring)
+        if ring is not None:
+            draft_budget.check_set_aside(self.kv_plan.ring_bytes)
         with kv_cache_region():
             self.store = DraftKVStore(
                 num_slots=num_slots + scratch,
@@ -279,6 +287,8 @@ class DraftRuntime:
                 head_dim=self.config.head_dim,
                 dtype=kv_dtype,
                 device=self.device,
+                ring=ring,
+                windowed_layers=self.window_layers,
             )
             self.attention, self.attention_name = self._choose_attention(
                 flashinfer_unavailable, num_slots, max_bs
@@ -288,8 +298,10 @@ class DraftRuntime:
                 self.last_tokens = LastTokenStore(max_bs, self.config.hidden_size, self.dtype, self.device)
                 self.proposer.last_tokens = self.last_tokens
         # Outside the region: the pool's small pointer tables must survive a memory-saver release
-        # (its K/V buffers are the store's, inside it).
-        self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)
+        # (its K/V buffers are the store's, inside it). None with a window ring: nothing that
+        # reads the pool (PD transfer, HiCache) serves one (`draft_budget.why_not_window_pool`).
+        if ring is None:
+            self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)
         self.step = DraftStep(
             self.forward,
             self.head.embed,
@@ -302,13 +314,40 @@ class DraftRuntime:
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
         logger.info("DFLASH draft KV store (%s): %s", self.store.k.dtype, self.kv_plan.describe())
-        if self.kv_plan.sliding_layers:  # memory the target could have had: say so, once
+        if self.kv_plan.sliding_layers and ring is None:  # memory the target could have had: say so
             logger.warning(
                 "DFLASH draft KV: sliding layers %s keep K/V for every token (%.1f MiB), "
-                "not only their window; a window pool is not built yet",
+                "not only their window (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 keeps the window only)",
                 list(self.kv_plan.sliding_layers),
                 num_slots * self.kv_plan.sliding_bytes_per_token / 2**20,
             )
+
+    @property
+    def window_layers(self) -> tuple[int, ...]:
+        """The draft layers a window ring would hold: those with a reach (`DraftKVPlan`)."""
+        return self._kv_plan(0).sliding_layers
+
+    def window_ring(self, num_requests: int) -> WindowRing:
+        """The ring of the windowed layers for `num_requests` request slots."""
+        reach = max(r for r in self._kv_plan(0).reach if r is not None)
+        return WindowRing.for_reach(reach, self.block_size, num_requests)
+
+    def window_budget(self) -> DraftBudget:
+        """What the draft's K/V costs with a window ring (`integration/draft_budget.py`)."""
+        plan = self._kv_plan(0)
+        per_request = self.window_ring(1).rows_per_request * plan.sliding_bytes_per_token
+        return DraftBudget(len(plan.reach), len(plan.full_layers), per_request)
+
+    def _kv_plan(self, store_slots: int, ring: Optional[WindowRing] = None) -> DraftKVPlan:
+        """This rank's `DraftKVPlan` (its KV heads, the resolved KV dtype)."""
+        return DraftKVPlan.for_draft(
+            self.config,
+            context_window=self.context_window,
+            num_kv_heads=self.tp.split(self.config.num_key_value_heads, "KV heads"),
+            itemsize=resolve_draft_kv_dtype(self.dtype).itemsize,
+            store_slots=store_slots,
+            ring=ring,
+        )
 
     def _choose_attention(self, flashinfer_unavailable: Optional[str], num_slots: int, max_bs: int):
         """FlashInfer on CUDA when it applies, else PyTorch SDPA; chosen once, with the reason."""
@@ -343,7 +382,8 @@ class DraftRuntime:
         start = time.perf_counter()
         one = torch.ones(1, dtype=torch.int64, device=self.device)
         features = torch.zeros(1, self.draft_model.fc.in_features, dtype=self.dtype, device=self.device)
-        ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1)  # slot 0
+        sink = None if self.store.ring is None else one * self.store.ring.sink  # the ring's sink row
+        ops.inject_context_kv(self.draft_model, self.store, features, one - 1, one - 1, sink)  # slot 0
         # One block after a one-token context (req_to_token's row 0; only read).
         block_ids, positions, hidden = self.step(req_to_token, one - 1, one, one, one.cpu(), True)
         self.proposer(hidden, ProposalInputs(block_ids[:, 0], positions))

@@ -48,11 +48,14 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
 from sglang_dflash import IMPL_NAME, __version__
 from sglang_dflash.draft.attention import planning_lens
-from sglang_dflash.draft.block import extend_last_rows, extend_positions, gather_slots
+from sglang_dflash.draft.block import extend_last_rows, extend_positions, extend_requests, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
+from sglang_dflash.draft.kv_store import resolve_draft_kv_dtype
 from sglang_dflash.draft.tensor_parallel import TensorParallel
-from sglang_dflash.integration import returned_hidden_states
+from sglang_dflash.draft.window_misses import WindowMisses
+from sglang_dflash.integration import draft_budget, returned_hidden_states
 from sglang_dflash.integration.decode_step import DecodeStep, idle_result, make_draft_input, proposal_inputs
+from sglang_dflash.integration.draft_budget import why_not_window_pool
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
@@ -121,6 +124,9 @@ class DFlashWorker(BaseSpecWorker):
         self.runtime = DraftRuntime.from_spec(
             spec, get_model().load_format, runner, target_worker.tokenizer, self.tp, self.knobs
         )
+        # SGLANG_DFLASH_DRAFT_WINDOW_POOL: the windowed layers keep a window ring, which the
+        # target's pool budget (sized after this) sets aside; None: K/V for every token.
+        self.window_misses = self._window_pool(server_args) if self.knobs.window_pool else None
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
             self.num_draft_tokens, self.device, self.tp.size, self.knobs, self.metrics
@@ -147,6 +153,21 @@ class DFlashWorker(BaseSpecWorker):
         # SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION: decode steps inject no context K/V.
         self._inject_committed = skipped if self.knobs.skip_decode_injection else self._inject_committed_kv
         self._log_start_up()
+
+    def _window_pool(self, server_args) -> WindowMisses:
+        """Refuse by name what the window ring does not serve; declare its budget."""
+        reason = why_not_window_pool(
+            device_type=torch.device(self.device).type,
+            windowed_layers=self.runtime.window_layers,
+            disaggregation=str(get_disagg().disaggregation_mode),
+            hicache=_offloads_draft_kv(),
+            page_size=int(server_args.page_size or 1),
+            kv_dtype=resolve_draft_kv_dtype(self.runtime.dtype),
+        )
+        if reason is not None:
+            raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
+        draft_budget.declare(self.runtime.window_budget())
+        return WindowMisses(self.runtime.window_ring(1).rows_per_request - self.runtime.block_size)
 
     def _log_start_up(self) -> None:
         """One line: what serves DFLASH here, each field from the component that owns it."""
@@ -213,6 +234,7 @@ class DFlashWorker(BaseSpecWorker):
             enable_memory_saver=get_exec().features.enable_memory_saver,
             transfers_draft_kv=not self.knobs.skip_draft_transfer,
             metrics=self.metrics,
+            window_pool=self.knobs.window_pool,
         )
 
     def init_cuda_graphs(self):
@@ -296,11 +318,19 @@ class DFlashWorker(BaseSpecWorker):
                 self.deferred.flush()
                 self.deferred.take_flush_seconds()  # an extend's interval is not measured anyway
             positions = extend_positions(batch.prefix_lens, batch.extend_lens, self.device)
-            last_rows = None
+            last_rows, token_reqs = None, None
             if self.runtime.last_tokens is not None:  # each request's last new token
                 last_rows = extend_last_rows(batch.extend_lens, self.device)
+            if self.window_misses is not None:  # the window ring's rows are per request slot
+                token_reqs = extend_requests(batch.req_pool_indices, batch.extend_lens)
+                self.window_misses.extend(batch.reqs, batch.prefix_lens, batch.extend_lens)
             self.runtime.inject(
-                logits_output.hidden_states, positions, batch.out_cache_loc, last_rows, batch.req_pool_indices
+                logits_output.hidden_states,
+                positions,
+                batch.out_cache_loc,
+                last_rows,
+                batch.req_pool_indices,
+                token_reqs,
             )
             returned_hidden_states.hand_over(batch, logits_output, extend=True)
             self.runtime.verifier.start_requests(batch)
@@ -432,10 +462,11 @@ class DFlashWorker(BaseSpecWorker):
         if self.runtime.last_tokens is not None:  # row b*W + commit_len - 1: the new last token
             last_rows = step.last_rows(self.device)
         positions = step.positions.reshape(-1)
+        token_reqs = batch.req_pool_indices[:, None].expand(step.positions.shape).reshape(-1)  # [bs*W]
         if step.width == 1 and self.deferred is not None:  # no draft reads it before a flush
-            self.deferred.push(captured, positions, slots)
+            self.deferred.push(captured, positions, slots, token_reqs)
         else:
-            self.runtime.inject(captured, positions, slots, last_rows, batch.req_pool_indices)
+            self.runtime.inject(captured, positions, slots, last_rows, batch.req_pool_indices, token_reqs)
 
     def _verify_backend(self, width: int):
         """The target's attention backend and graph runner of this width, for its verify."""

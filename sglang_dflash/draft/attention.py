@@ -2,7 +2,8 @@
 
 `visibility` is the one statement of which keys a query sees (used by serving and training).
 `SdpaDraftAttention` is the PyTorch path used on CPU: it gathers each request's context K/V from
-the draft KV store into a padded batch and runs `scaled_dot_product_attention`. With a context
+the draft KV store into a padded batch and runs `scaled_dot_product_attention`; a windowed
+layer's from its window ring, when the store has one (`window_ring.py`). With a context
 window W (`--speculative-draft-window-size`) a block sees only its request's last W committed
 tokens (`block.context_window`), on top of what `visibility` allows per layer.
 
@@ -153,6 +154,8 @@ class SdpaDraftAttention:
         # [bs, C] slot ids of every request's visible context, from `start`; entries past its
         # visible length are masked (start + C stays in the row: start > 0 only when C <= W).
         self.context_slots = gather_slots(req_to_token, req_pool_indices, start, c)
+        if self.store.ring is not None:  # [bs, C] the same positions' rows in the window ring
+            self.ring_rows = self.store.ring.read_rows(req_pool_indices, start, c)
         self.bs, self.block_size = bs, block_size
         cols = torch.arange(c, device=device)
         q_pos = context_lens[:, None] + torch.arange(block_size, device=device)  # [bs, Bd]
@@ -172,8 +175,10 @@ class SdpaDraftAttention:
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]
         bs = self.bs
-        k_ctx = gather_rows(self.store.k[layer_id], self.context_slots)  # [bs, C, kv_heads, d]
-        v_ctx = gather_rows(self.store.v[layer_id], self.context_slots)
+        k_cache, v_cache = self.store.layer(layer_id)
+        rows = self.ring_rows if self.store.in_ring(layer_id) else self.context_slots
+        k_ctx = gather_rows(k_cache, rows)  # [bs, C, kv_heads, d]
+        v_ctx = gather_rows(v_cache, rows)
         out = attend_with_context(
             q.unflatten(0, (bs, -1)),
             k_ctx,

@@ -82,6 +82,16 @@ def extend_positions(
     return torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True)
 
 
+def extend_requests(req_pool_indices: torch.Tensor, extend_lens: list[int]) -> torch.Tensor:
+    """The request slot of each token an extend forward just wrote (no host sync: the output
+    size is the host lengths' sum).
+
+    E.g., req_pool_indices=[7, 3], extend_lens=[2, 3] -> [7, 7, 3, 3, 3].
+    """
+    lens = torch.tensor(extend_lens, dtype=torch.int64).to(req_pool_indices.device, non_blocking=True)
+    return torch.repeat_interleave(req_pool_indices, lens, output_size=sum(extend_lens))
+
+
 def extend_last_rows(extend_lens: list[int], device: torch.device | str) -> torch.Tensor:
     """The row of each request's last token among an extend forward's packed rows.
 

@@ -31,7 +31,7 @@ DEFAULT_CAPACITY = 512  # rows: 32 steps at batch 16
 
 class DeferredInjection:
     def __init__(self, inject: Callable[..., None], capacity: int = DEFAULT_CAPACITY):
-        # inject(captured [T, C*H], positions [T], slots [T]): `DraftRuntime.inject`
+        # inject(captured [T, C*H], positions [T], slots [T], token_reqs=[T]): `DraftRuntime.inject`
         self._inject = inject
         self.capacity = capacity
         self.rows = 0  # queued rows
@@ -39,31 +39,37 @@ class DeferredInjection:
         self._captured: Optional[torch.Tensor] = None  # [capacity, C*H], at the first push
         self._positions: Optional[torch.Tensor] = None  # [capacity] int64
         self._slots: Optional[torch.Tensor] = None  # [capacity] int64
+        self._reqs: Optional[torch.Tensor] = None  # [capacity] int64: each row's request slot
 
-    def push(self, captured: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Queue T committed tokens: captured [T, C*H], positions [T], slots [T]. Copied: the
-        captured rows may be a graph's output buffer, rewritten by the next replay."""
+    def push(
+        self, captured: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, reqs: torch.Tensor
+    ) -> None:
+        """Queue T committed tokens: captured [T, C*H], positions [T], slots [T], their request
+        slots reqs [T]. Copied: the captured rows may be a graph's output buffer, rewritten by
+        the next replay."""
         n = captured.shape[0]
         if self.rows + n > self.capacity:
             self.flush()
         if n > self.capacity:
-            self._timed(captured, positions, slots)
+            self._timed(captured, positions, slots, reqs)
             return
         if self._captured is None:
             self._captured = captured.new_empty(self.capacity, captured.shape[1])
-            self._positions = torch.empty(self.capacity, dtype=torch.int64, device=captured.device)
-            self._slots = torch.empty(self.capacity, dtype=torch.int64, device=captured.device)
+            self._positions, self._slots, self._reqs = (
+                torch.empty(self.capacity, dtype=torch.int64, device=captured.device) for _ in range(3)
+            )
         end = self.rows + n
         self._captured[self.rows : end].copy_(captured)
         self._positions[self.rows : end].copy_(positions)
         self._slots[self.rows : end].copy_(slots)
+        self._reqs[self.rows : end].copy_(reqs)
         self.rows = end
 
     def flush(self) -> None:
         """Inject every queued row, in the order queued."""
         if self.rows:
             n, self.rows = self.rows, 0
-            self._timed(self._captured[:n], self._positions[:n], self._slots[:n])
+            self._timed(self._captured[:n], self._positions[:n], self._slots[:n], self._reqs[:n])
 
     def take_flush_seconds(self) -> float:
         """The host time spent injecting since the last call (for the width policy, which leaves
@@ -71,9 +77,9 @@ class DeferredInjection:
         seconds, self._flush_seconds = self._flush_seconds, 0.0
         return seconds
 
-    def _timed(self, *args) -> None:
+    def _timed(self, captured, positions, slots, reqs) -> None:
         start = time.perf_counter()
-        self._inject(*args)
+        self._inject(captured, positions, slots, token_reqs=reqs)
         self._flush_seconds += time.perf_counter() - start
 
 

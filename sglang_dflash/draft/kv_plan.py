@@ -5,10 +5,11 @@ A layer's reach is its `sliding_window` (sliding layers) capped by `--speculativ
 (every layer), or None: the whole context. A layer with a reach reads at most that many context
 rows in a step (the window counted back from the block's first position); a full layer reads all.
 
-Today the store (`kv_store.py`) keeps every layer's K/V at every target slot, windowed or not,
-so a windowed layer costs what a full one costs. The plan says so, by name, on the start-up line
-and in server info, with the bytes per token of each kind apart: what a window pool would give
-back to the target is `sliding_bytes_per_token` per slot, less its rows per running request.
+By default the store (`kv_store.py`) keeps every layer's K/V at every target slot, windowed or
+not, so a windowed layer costs what a full one costs. With a window ring
+(SGLANG_DFLASH_DRAFT_WINDOW_POOL=1, `window_ring.py`) the windowed layers keep R rows per request
+slot instead, and the target's pool gets `sliding_bytes_per_token` per slot back, less the ring.
+The plan says which, on the start-up line and in server info, the bytes of each kind apart.
 
 Worked example: draft "a" re-declared all-sliding (2 layers, window 32, 2 KV heads x 64, fp32):
 each layer costs 2 (K and V) x 2 x 64 x 4 = 1024 B per token, so full 0 B, sliding 2048 B.
@@ -19,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang_dflash.draft.window_ring import WindowRing
+
 
 @dataclass(frozen=True)
 class DraftKVPlan:
@@ -26,7 +29,12 @@ class DraftKVPlan:
     reach: tuple[Optional[int], ...]
     bytes_per_layer_token: int  # K and V of one layer for one token, on this rank
     store_slots: int  # target slots the store keeps K/V for (scratch rows excluded)
-    windowed: bool = False  # sliding layers hold only their window (not built yet: always False)
+    ring: Optional[WindowRing] = None  # the windowed layers' window ring, if they keep one
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the sliding layers hold only their window (a window ring)."""
+        return self.ring is not None
 
     @classmethod
     def for_draft(
@@ -37,6 +45,7 @@ class DraftKVPlan:
         num_kv_heads: int,
         itemsize: int,
         store_slots: int,
+        ring: Optional[WindowRing] = None,
     ) -> "DraftKVPlan":
         """`config`: the draft's `DFlashDraftConfig`; `context_window`:
         `--speculative-draft-window-size` (None: unset); `num_kv_heads`: this rank's."""
@@ -44,7 +53,7 @@ class DraftKVPlan:
         for layer_id in range(config.num_hidden_layers):
             bounds = [w for w in (config.layer_window(layer_id), context_window) if w is not None]
             reach.append(min(bounds) if bounds else None)
-        return cls(tuple(reach), 2 * num_kv_heads * config.head_dim * itemsize, store_slots)
+        return cls(tuple(reach), 2 * num_kv_heads * config.head_dim * itemsize, store_slots, ring)
 
     @property
     def full_layers(self) -> tuple[int, ...]:
@@ -63,7 +72,16 @@ class DraftKVPlan:
         return len(self.sliding_layers) * self.bytes_per_layer_token
 
     @property
+    def ring_bytes(self) -> int:
+        """The window ring's K/V (0 without one)."""
+        if self.ring is None:
+            return 0
+        return self.ring.nbytes(self.bytes_per_layer_token, len(self.sliding_layers))
+
+    @property
     def store_bytes(self) -> int:
+        if self.ring is not None:
+            return self.store_slots * self.full_bytes_per_token + self.ring_bytes
         return self.store_slots * (self.full_bytes_per_token + self.sliding_bytes_per_token)
 
     def _windows(self) -> str:
@@ -77,7 +95,12 @@ class DraftKVPlan:
         if full:
             parts.append(f"full: layers {list(full)}, {self.full_bytes_per_token} B/token")
         if sliding:
-            held = "window only" if self.windowed else "held for every token: no window pool yet"
+            held = "held for every token (SGLANG_DFLASH_DRAFT_WINDOW_POOL=0)"
+            if self.ring is not None:
+                held = (
+                    f"window ring of {self.ring.rows_per_request} rows x {self.ring.num_requests} "
+                    f"request slots, {self.ring_bytes / 2**20:.1f} MiB"
+                )
             parts.append(
                 f"sliding: layers {list(sliding)} (window {self._windows()}), "
                 f"{self.sliding_bytes_per_token} B/token, {held}"
@@ -94,6 +117,9 @@ class DraftKVPlan:
             "bytes_per_token_full": self.full_bytes_per_token,
             "bytes_per_token_sliding": self.sliding_bytes_per_token,
             "sliding_layers_windowed": self.windowed,
+            "window_ring_rows_per_request": None if self.ring is None else self.ring.rows_per_request,
+            "window_ring_request_slots": None if self.ring is None else self.ring.num_requests,
+            "window_ring_bytes": self.ring_bytes,
             "store_slots": self.store_slots,
             "store_bytes": self.store_bytes,
         }

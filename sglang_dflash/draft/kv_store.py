@@ -14,6 +14,9 @@ Its dtype is the draft KV dtype SGLang resolves and budgets for (`resolve_draft_
 with scale 1, as SGLang's own pools do for a layer without checkpoint KV scales (DFlash drafts
 ship none), and readers upcast to the query dtype.
 
+With a window ring (`window_ring.py`, SGLANG_DFLASH_DRAFT_WINDOW_POOL) the windowed layers
+keep only each request's last positions, at ring rows instead of slot ids.
+
 SGLang's own machinery reads the store through `draft_pool.DraftKVPool`, an SGLang KV pool
 over the same memory.
 
@@ -22,7 +25,11 @@ See docs/architecture.md ("How it works").
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
+
+from sglang_dflash.draft.window_ring import WindowRing
 
 STORE_DTYPES = (
     torch.float32,
@@ -76,6 +83,10 @@ def kv_cache_region():
 
 
 class DraftKVStore:
+    """`k`, `v` [L, num_slots, kv_heads, head_dim]: every layer's K/V at the target's slot ids;
+    with a window ring (`window_ring.py`), `k`, `v` hold the full layers only, and the layers
+    `windowed_layers` are in `ring_k`, `ring_v` [L_w, ring rows, kv_heads, head_dim]."""
+
     def __init__(
         self,
         *,
@@ -85,10 +96,25 @@ class DraftKVStore:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        ring: Optional[WindowRing] = None,
+        windowed_layers: Sequence[int] = (),
     ):
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, num_slots, kv_heads, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, num_slots, kv_heads, head_dim]
+        windowed = tuple(windowed_layers) if ring is not None else ()
+        full = [layer for layer in range(num_layers) if layer not in windowed]
+        shape = (len(full), num_slots, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L_full, num_slots, kv_heads, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L_full, num_slots, kv_heads, head_dim]
+        self.ring = ring if windowed else None
+        self.ring_k = self.ring_v = None
+        if self.ring is not None:
+            ring_shape = (len(windowed), self.ring.num_rows, num_kv_heads, head_dim)
+            self.ring_k = torch.zeros(ring_shape, dtype=dtype, device=device)  # [L_w, ring rows, ...]
+            self.ring_v = torch.zeros(ring_shape, dtype=dtype, device=device)
+        # layer id -> (in the ring, index in its tensor)
+        self._index = {layer: (False, i) for i, layer in enumerate(full)}
+        self._index.update({layer: (True, i) for i, layer in enumerate(windowed)})
+        self._full = torch.tensor(full, dtype=torch.int64)
+        self._windowed = torch.tensor(windowed, dtype=torch.int64)
 
     @property
     def num_slots(self) -> int:
@@ -96,9 +122,34 @@ class DraftKVStore:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        ring = 0 if self.ring_k is None else 2 * self.ring_k.numel() * self.ring_k.element_size()
+        return 2 * self.k.numel() * self.k.element_size() + ring
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [L, N, kv_heads, head_dim] at `slots` [N], all layers in one scatter."""
-        self.k[:, slots] = k.to(self.k.dtype)
-        self.v[:, slots] = v.to(self.v.dtype)
+    def in_ring(self, layer_id: int) -> bool:
+        return self._index[layer_id][0]
+
+    def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer_id`'s K and V buffers: [num_slots, ...] at slot ids, or [ring rows, ...]
+        at ring rows (`in_ring`)."""
+        in_ring, i = self._index[layer_id]
+        if in_ring:
+            return self.ring_k[i], self.ring_v[i]
+        return self.k[i], self.v[i]
+
+    def write(
+        self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Optional[torch.Tensor] = None
+    ) -> None:
+        """Store k, v [L, N, kv_heads, head_dim] of every layer: the full layers at `slots` [N],
+        the windowed ones at ring `rows` [N] (`WindowRing.write_rows`; needed with a ring)."""
+        if self.ring is None:
+            self.k[:, slots] = k.to(self.k.dtype)
+            self.v[:, slots] = v.to(self.v.dtype)
+            return
+        if rows is None:
+            raise ValueError("a draft KV store with a window ring needs the ring rows of a write")
+        full, windowed = self._full.to(k.device), self._windowed.to(k.device)
+        if len(full):
+            self.k[:, slots] = k[full].to(self.k.dtype)
+            self.v[:, slots] = v[full].to(self.v.dtype)
+        self.ring_k[:, rows] = k[windowed].to(self.ring_k.dtype)
+        self.ring_v[:, rows] = v[windowed].to(self.ring_v.dtype)

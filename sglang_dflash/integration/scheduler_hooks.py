@@ -12,6 +12,9 @@
   (`metrics.py`).
 * Prefill/decode disaggregation: draft K/V arrival checked on the decode side
   (`draft_context.py`), and prefill peers of another attention-TP size refused.
+* The draft's window ring in the target's pool budget (`draft_budget.py`): with
+  SGLANG_DFLASH_DRAFT_WINDOW_POOL=1, SGLang charges the full draft layers per token and sets
+  the ring aside.
 * Server info names the DFLASH implementation.
 
 Each hook hands the call back unchanged when the built-in serves DFLASH
@@ -38,7 +41,7 @@ def install_scheduler_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_dflash.cpu import verify_attention
-    from sglang_dflash.integration import metrics
+    from sglang_dflash.integration import draft_budget, metrics
 
     srt = "sglang.srt."
     hooks = {
@@ -61,6 +64,11 @@ def install_scheduler_hooks() -> None:
         # Acceptance metrics, counted where SGLang settles each step (see metrics.py).
         "managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
         "._resolve_spec_v2_tokens": metrics.resolve_spec_tokens_hook,
+        # The draft's window ring in the target's pool budget (draft_budget.py).
+        "mem_cache.draft_kv_budget.resolve_dflash_draft_cell_size": draft_budget.cell_size_hook,
+        "mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes": (
+            draft_budget.available_bytes_hook
+        ),
         # Prefill/decode disaggregation.
         "disaggregation.decode.DecodePreallocQueue._pre_alloc": _stamp_transfer_slots,
         "disaggregation.decode.DecodeTransferQueue.pop_transferred": _check_transferred_context,
@@ -221,6 +229,9 @@ def _add_speculative_state(original, self, state):
         window = getattr(worker, "grammar_window", None)
         if window is not None and window.propose:  # a proposal the draft did not rank costs acceptance
             state["dflash_grammar_proposals"] = describe_choices(window)
+        misses = getattr(worker, "window_misses", None)
+        if misses is not None:  # a window ring: drafts over positions its slot does not hold
+            state["dflash_window_misses"] = misses.describe()
         check = getattr(worker, "context_check", None)
         if check is not None:
             state["dflash_requests_without_draft_context"] = check.requests_without_context

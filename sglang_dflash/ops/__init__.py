@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DFLASH_OPS"
 
-InjectFn = Callable[[DFlashDraftModel, DraftKVStore, torch.Tensor, torch.Tensor, torch.Tensor], None]
+InjectFn = Callable[..., None]  # (model, store, target_features, positions, slots, rows) -> None
 
 # model -> (implementation name, function), decided on first use.
 _CHOSEN: "weakref.WeakKeyDictionary[DFlashDraftModel, tuple[str, InjectFn]]" = weakref.WeakKeyDictionary()
@@ -44,16 +44,18 @@ def inject_context_kv(
     target_features: torch.Tensor,
     positions: torch.Tensor,
     slots: torch.Tensor,
+    rows: Optional[torch.Tensor] = None,
 ) -> None:
     """Feature fusion and KV injection for committed tokens (see `reference.inject_context_kv`).
 
     target_features [N, K*H], positions [N], slots [N] (slot 0: rows to drop) -> the draft
-    K/V of every layer written into `store` at `slots`.
+    K/V of every layer written into `store` at `slots`; with a window ring, its layers' at ring
+    `rows` [N] (`WindowRing.write_rows`).
     """
     chosen = _CHOSEN.get(model)
     if chosen is None:
         chosen = _choose(model, store)
-    chosen[1](model, store, target_features, positions, slots)
+    chosen[1](model, store, target_features, positions, slots, rows)
 
 
 def choose_inject_context_kv(model: DFlashDraftModel, store: DraftKVStore) -> str:
@@ -83,6 +85,7 @@ def _fused_torch(
     target_features: torch.Tensor,
     positions: torch.Tensor,
     slots: torch.Tensor,
+    rows: Optional[torch.Tensor] = None,
 ) -> None:
     """The fused op's maths in PyTorch, on its stacked weights: two GEMMs for every layer's K/V
     instead of the module reference's projections layer by layer (0.29 against 0.59 ms for 16
@@ -91,7 +94,10 @@ def _fused_torch(
 
     weights = _cuda.fused_weights(model)
     features = target_features.to(weights.fc_weight.dtype)
-    reference.fused_inject_reference(features, positions, slots, *weights.op_args(), store.k, store.v)
+    if features.shape[0] == 0:
+        return
+    k, v = reference.fused_context_kv(features, positions, *weights.op_args())
+    store.write(slots, k, v, rows)
 
 
 def _choose(model: DFlashDraftModel, store: DraftKVStore) -> tuple[str, InjectFn]:

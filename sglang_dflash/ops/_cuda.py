@@ -87,6 +87,8 @@ def unsupported_reason(model: DFlashDraftModel, store: DraftKVStore) -> Optional
     device, dtype = store.k.device, store.k.dtype
     if device.type != "cuda":
         return f"the draft KV store is on {device.type}"
+    if store.ring is not None:
+        return "the draft KV store keeps its windowed layers in a window ring (the op writes slot ids only)"
     if dtype not in SUPPORTED_DTYPES:
         return f"dtype {dtype} is not one of {SUPPORTED_DTYPES}"
     weight = model.fc.weight
@@ -126,8 +128,10 @@ def inject_context_kv(
     target_features: torch.Tensor,
     positions: torch.Tensor,
     slots: torch.Tensor,
+    rows=None,
 ) -> None:
-    """`ops.inject_context_kv` through the fused CUDA op (same contract as the reference)."""
+    """`ops.inject_context_kv` through the fused CUDA op (same contract as the reference; no
+    window ring: `unsupported_reason`)."""
     weights = fused_weights(model)
     if target_features.dtype != store.k.dtype:
         target_features = target_features.to(store.k.dtype)

@@ -26,15 +26,17 @@ def inject_context_kv(
     target_features: torch.Tensor,
     positions: torch.Tensor,
     slots: torch.Tensor,
+    rows: Optional[torch.Tensor] = None,
 ) -> None:
     """Feature fusion and KV injection for committed tokens.
 
     target_features [N, K*H] -> fc -> hidden_norm -> every layer's k_proj/v_proj, k_norm,
-    RoPE at `positions` [N] -> stored at `slots` [N] for every draft layer.
+    RoPE at `positions` [N] -> stored at `slots` [N] for every draft layer (a windowed layer
+    at ring `rows` [N], with a window ring: `DraftKVStore.write`).
     """
     context = model.fuse_target_features(target_features.to(model.fc.weight.dtype))
     k, v = model.context_kv(context, positions)
-    store.write(slots, k, v)
+    store.write(slots, k, v, rows)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,44 @@ def fuse_weights(model: DFlashDraftModel) -> FusedKVWeights:
 
 
 @torch.no_grad()
+def fused_context_kv(
+    target_features: torch.Tensor,
+    positions: torch.Tensor,
+    fc_weight: torch.Tensor,
+    kv_weight: torch.Tensor,
+    kv_bias: Optional[torch.Tensor],
+    k_norm_weight: torch.Tensor,
+    inv_freq: torch.Tensor,
+    hidden_norm_eps: float,
+    k_norm_eps: float,
+    attention_scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused op's maths in PyTorch: target_features [N, K*H] at `positions` [N] -> every
+    layer's k, v [L, N, KVH, D] in fp32, to be rounded once, by the store.
+
+    Roundings, as in the CUDA kernel: the two GEMM outputs (in the weights' dtype, fp32
+    accumulation) and the final store. Everything in between is fp32.
+    """
+    num_tokens = target_features.shape[0]
+    num_layers, head_dim = k_norm_weight.shape
+    num_kv_heads = kv_weight.shape[0] // (num_layers * 2 * head_dim)
+    fused = target_features @ fc_weight.T  # [N, H]                         (GEMM 1)
+    row_scale = torch.rsqrt(fused.float().pow(2).mean(-1, keepdim=True) + hidden_norm_eps)  # [N, 1]
+    kv = (fused @ kv_weight.T).float() * row_scale  # [N, L*2*KVH*D]         (GEMM 2)
+    if kv_bias is not None:
+        kv = kv + kv_bias.float()
+    kv = kv.view(num_tokens, num_layers, 2, num_kv_heads, head_dim)
+    k, v = kv[:, :, 0], kv[:, :, 1]  # [N, L, KVH, D]
+    k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + k_norm_eps)
+    k = k * k_norm_weight.float()[None, :, None, :]
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [N, D/2]
+    cos = (freqs.cos() * attention_scaling)[:, None, None, :]
+    sin = (freqs.sin() * attention_scaling)[:, None, None, :]
+    k1, k2 = k[..., : head_dim // 2], k[..., head_dim // 2 :]
+    k = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
 def fused_inject_reference(
     target_features: torch.Tensor,
     positions: torch.Tensor,
@@ -125,28 +165,13 @@ def fused_inject_reference(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
 ) -> None:
-    """The fused op's maths in PyTorch; writes k_cache/v_cache [L, num_slots, KVH, D] at `slots`.
-
-    Roundings, as in the CUDA kernel: the two GEMM outputs (in the weights' dtype, fp32
-    accumulation) and the final store. Everything in between is fp32.
-    """
-    num_tokens = target_features.shape[0]
-    if num_tokens == 0:
+    """The CUDA op's contract in PyTorch (`fused_context_kv`): writes k_cache/v_cache
+    [L, num_slots, KVH, D] at `slots`."""
+    if target_features.shape[0] == 0:
         return
-    num_layers, _, num_kv_heads, head_dim = k_cache.shape
-    fused = target_features @ fc_weight.T  # [N, H]                         (GEMM 1)
-    row_scale = torch.rsqrt(fused.float().pow(2).mean(-1, keepdim=True) + hidden_norm_eps)  # [N, 1]
-    kv = (fused @ kv_weight.T).float() * row_scale  # [N, L*2*KVH*D]         (GEMM 2)
-    if kv_bias is not None:
-        kv = kv + kv_bias.float()
-    kv = kv.view(num_tokens, num_layers, 2, num_kv_heads, head_dim)
-    k, v = kv[:, :, 0], kv[:, :, 1]  # [N, L, KVH, D]
-    k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + k_norm_eps)
-    k = k * k_norm_weight.float()[None, :, None, :]
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [N, D/2]
-    cos = (freqs.cos() * attention_scaling)[:, None, None, :]
-    sin = (freqs.sin() * attention_scaling)[:, None, None, :]
-    k1, k2 = k[..., : head_dim // 2], k[..., head_dim // 2 :]
-    k = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
-    k_cache[:, slots] = k.transpose(0, 1).to(k_cache.dtype)
-    v_cache[:, slots] = v.transpose(0, 1).to(v_cache.dtype)
+    k, v = fused_context_kv(
+        target_features, positions, fc_weight, kv_weight, kv_bias, k_norm_weight, inv_freq,
+        hidden_norm_eps, k_norm_eps, attention_scaling,
+    )  # fmt: skip
+    k_cache[:, slots] = k.to(k_cache.dtype)
+    v_cache[:, slots] = v.to(v_cache.dtype)

@@ -88,6 +88,7 @@ GOOD = [
     ("SGLANG_DFLASH_FAIR_SLACK", "off", None),
     ("SGLANG_DFLASH_WIDTH1_FORWARD", "verify", "verify"),
     ("SGLANG_DFLASH_DEFERRED_INJECTION", "1", True),
+    ("SGLANG_DFLASH_DRAFT_WINDOW_POOL", "1", True),
     ("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", "1", True),
     ("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", "0", None),  # no plan-free graphs
     ("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", "4096", 4096),
@@ -121,6 +122,7 @@ BAD = [
     ("SGLANG_DFLASH_FAIR_SLACK", "yes", "a number >= 0 or off"),
     ("SGLANG_DFLASH_WIDTH1_FORWARD", "fast", "decode or verify"),
     ("SGLANG_DFLASH_DEFERRED_INJECTION", "off", "0 or 1"),
+    ("SGLANG_DFLASH_DRAFT_WINDOW_POOL", "on", "0 or 1"),
     ("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", "yes", "0 or 1"),
     ("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", "banana", "a non-negative integer"),
     ("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", "-1", "a non-negative integer"),
@@ -243,7 +245,7 @@ def test_use_builtin():
 
 def test_the_registry_is_one_table_of_distinct_well_formed_knobs():
     names = [k.name for k in knobs.REGISTRY]
-    assert len(names) == len(set(names)) == 34
+    assert len(names) == len(set(names)) == 35
     for knob in knobs.REGISTRY:
         assert knob.kind in knobs.KINDS, knob.name
         assert knob.name.startswith(("SGLANG_DFLASH_", "SGLANG_")), knob.name

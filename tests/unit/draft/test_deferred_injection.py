@@ -41,15 +41,18 @@ def test_bulk_injection_equals_injecting_every_step(tmp_path):
     steps[3][2][0] = 2  # slot 2, step 0's, reused by step 3
     calls = []
 
-    def inject(captured, positions, slots):
+    reqs = torch.tensor([4, 5, 6])
+
+    def inject(captured, positions, slots, token_reqs):
         calls.append(len(slots))
+        assert token_reqs.tolist() == reqs.repeat(len(slots) // 3).tolist()  # carried with each row
         ops.inject_context_kv(draft, bulk, captured, positions, slots)
 
     queue = DeferredInjection(inject, capacity=8)
     with torch.no_grad():
         for captured, positions, slots in steps:
             ops.inject_context_kv(draft, each, captured, positions, slots)
-            queue.push(captured, positions, slots)
+            queue.push(captured, positions, slots, reqs)
             captured.zero_()  # the queue holds copies (a graph's output buffer is rewritten)
         assert calls == [6] and queue.rows == 6
         queue.flush()
@@ -62,9 +65,9 @@ def test_bulk_injection_equals_injecting_every_step(tmp_path):
 
 def test_a_push_larger_than_the_queue_is_injected_at_once():
     calls = []
-    queue = DeferredInjection(lambda c, p, s: calls.append(s.tolist()), capacity=4)
-    queue.push(torch.zeros(2, 8), torch.arange(2), torch.tensor([5, 6]))
-    queue.push(torch.zeros(6, 8), torch.arange(6), torch.arange(10, 16))
+    queue = DeferredInjection(lambda c, p, s, token_reqs: calls.append(s.tolist()), capacity=4)
+    queue.push(torch.zeros(2, 8), torch.arange(2), torch.tensor([5, 6]), torch.ones(2, dtype=torch.int64))
+    queue.push(torch.zeros(6, 8), torch.arange(6), torch.arange(10, 16), torch.ones(6, dtype=torch.int64))
     assert calls == [[5, 6], list(range(10, 16))] and queue.rows == 0
 
 

@@ -1,0 +1,138 @@
+"""What the draft's K/V costs the target's pool budget, with a window ring (`draft/window_ring.py`).
+
+SGLang sizes the target's KV pool after the draft worker is built: it charges the draft's
+bytes per token, every draft layer's (`mem_cache/draft_kv_budget.py`), into each token's cell
+(`KVCacheConfigurator.dflash_draft_cell_size_per_token`). With a window ring only the full
+layers cost a row per token; the windowed layers cost a fixed R rows per request slot. The
+worker declares that split (`declare`) before the pools are sized, and two hooks apply it:
+
+* AROUND `resolve_dflash_draft_cell_size`: the cell is SGLang's times the full layers' share,
+  at least 1 byte (0 would send SGLang back to layer-count scaling, which charges more).
+* AROUND `KVCacheConfigurator._profile_available_bytes`: the budget less the ring, for the
+  most request slots SGLang can give the target (`--max-running-requests` per DP worker, else
+  the 4096 that `resolve_max_num_reqs` caps at), plus its padding row and the sink.
+
+Worked example (the shipped draft re-declared all-sliding, window 32, block 16, fp32, 1024 B
+per layer and token): cell 2048 -> 1 B; ring (32 + 16) x 2 x 1024 = 96 KiB per request slot,
+3.1 MiB at 32 running requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUEST_SLOTS = 4096  # `KVCacheConfigurator.resolve_max_num_reqs` never gives more
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    num_layers: int  # all draft layers
+    num_full_layers: int  # the layers that keep a row per target token
+    ring_bytes_per_request: int  # the windowed layers' ring rows of one request slot, K and V
+
+    def cell_size(self, all_layers: int) -> int:
+        """The bytes per token the full layers cost, from SGLang's for every layer."""
+        return max(1, all_layers * self.num_full_layers // self.num_layers)
+
+    def ring_bytes(self, max_running_requests: Optional[int], dp_size: int = 1) -> int:
+        """The ring for the most request slots SGLang can allocate: req_to_token's rows (the
+        requests and a padding row) and the sink row."""
+        slots = MAX_REQUEST_SLOTS if max_running_requests is None else max(1, max_running_requests // dp_size)
+        return (slots + 2) * self.ring_bytes_per_request
+
+
+_declared: Optional[DraftBudget] = None
+_set_aside: Optional[int] = None  # the ring bytes the target's budget left out
+
+
+def declare(budget: Optional[DraftBudget]) -> None:
+    """The worker's split of its draft K/V (None: every layer per token, SGLang's own charge)."""
+    global _declared
+    _declared = budget
+
+
+def check_set_aside(ring_bytes: int) -> None:
+    """At the draft's allocation: the ring it is about to allocate fits what the target's budget
+    left out (a hook that did not run would leave the ring unbudgeted: refused, loudly)."""
+    if _set_aside is None:
+        raise RuntimeError(
+            "SGLANG_DFLASH_DRAFT_WINDOW_POOL=1: the target's KV budget did not set the draft's window ring "
+            "aside (KVCacheConfigurator._profile_available_bytes was not hooked)"
+        )
+    if ring_bytes > _set_aside:
+        raise RuntimeError(
+            f"the draft's window ring ({ring_bytes} B) exceeds what the target's KV budget left out "
+            f"({_set_aside} B)"
+        )
+
+
+def declared() -> Optional[DraftBudget]:
+    return _declared
+
+
+def cell_size_hook(original, **kwargs):
+    """AROUND `draft_kv_budget.resolve_dflash_draft_cell_size`."""
+    cell = original(**kwargs)
+    if _declared is None or cell is None:
+        return cell
+    return _declared.cell_size(int(cell))
+
+
+def available_bytes_hook(original, self, pre_model_load_memory: int) -> int:
+    """AROUND `KVCacheConfigurator._profile_available_bytes` (the target's configurator)."""
+    available = original(self, pre_model_load_memory)
+    if _declared is None or self.is_draft_worker or not self.spec_algorithm.is_dflash_family():
+        return available
+    from sglang.srt.runtime_context import get_schedule
+
+    global _set_aside
+    ring = _declared.ring_bytes(get_schedule().max_running_requests, self.attn_dp_size)
+    if ring >= available:
+        raise ValueError(
+            f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1: the draft's window ring ({ring / 2**20:.1f} MiB) leaves "
+            f"nothing of {available / 2**20:.1f} MiB for the KV pools: lower --max-running-requests, "
+            "or unset SGLANG_DFLASH_DRAFT_WINDOW_POOL"
+        )
+    logger.info(
+        "DFLASH draft KV budget: %d of %d layers per token; window ring %.1f MiB set aside",
+        _declared.num_full_layers,
+        _declared.num_layers,
+        ring / 2**20,
+    )
+    _set_aside = ring
+    return available - ring
+
+
+def why_not_window_pool(
+    *,
+    device_type: str,
+    windowed_layers: tuple[int, ...],
+    disaggregation: str,
+    hicache: bool,
+    page_size: int,
+    kv_dtype,
+) -> Optional[str]:
+    """Why SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 cannot serve this server (None: it can). Each is
+    refused by name at start-up: what reads or moves the store by slot ids alone does not
+    know the ring."""
+    import torch
+
+    if not windowed_layers:
+        return "the draft has no windowed layer (no sliding_window, no --speculative-draft-window-size)"
+    if device_type != "cpu":
+        return (
+            f"the window ring is served on CPU only so far (this is {device_type}: FlashInfer reads slot ids)"
+        )
+    if disaggregation != "null":
+        return f"a PD {disaggregation} engine (the draft's K/V travels by slot ids)"
+    if hicache:
+        return "--enable-hierarchical-cache (the draft's K/V is backed up by slot ids)"
+    if page_size != 1:
+        return f"--page-size {page_size} (not tested with the window ring)"
+    if kv_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"draft KV dtype {kv_dtype} (not tested with the window ring)"
+    return None

@@ -1,0 +1,139 @@
+"""The draft's window ring in a running engine (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1,
+`sglang_dflash/draft/window_ring.py`), on the shipped pair with its draft re-declared
+all-sliding (window 32, block 8: a ring of 40 rows per request slot).
+
+Three engines at the same memory settings, nothing capping the pool: no speculation, DFLASH
+with the draft's K/V for every token (today's store), and DFLASH with the ring (and the ring at
+tensor parallel size 2). Prompts run four
+at a time, prefilled in chunks of 24 tokens, every third decode step without the draft (W = 1:
+its K/V injection deferred to the next draft), to contexts of 6 to 9 windows. Oracles: the
+plain engine's greedy tokens, the other store's per-request acceptance (the same proposals),
+and the plain engine's pool size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from unittest import mock
+
+import pytest
+
+from sglang_dflash.assets import tiny_pair, tiny_pair_prompts
+from tests.support import engines
+
+pytestmark = pytest.mark.sglang
+
+WINDOW = 32
+GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
+ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.05, chunked_prefill_size=24)
+DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
+RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
+
+
+def _all_sliding(draft: str, root) -> str:
+    path = os.path.join(root, "draft-all-sliding")
+    shutil.copytree(draft, path)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config.update(
+        layer_types=["sliding_attention"] * config["num_hidden_layers"],
+        sliding_window=WINDOW,
+        use_sliding_window=True,
+    )
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompt_ids() -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair()[0])
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in tiny_pair_prompts()[:8]]
+
+
+def _run(env: dict, prompt_ids, draft=None, again=(), **engine_args):
+    """Outputs, server info, and the outputs of `again` (prompts re-sent: radix-cache hits)."""
+    target = tiny_pair()[0]
+    kwargs = dict(ENGINE, model_path=target, **engine_args)
+    if draft is not None:
+        kwargs.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
+    import sglang as sgl
+
+    with mock.patch.dict(os.environ, env):
+        engine = sgl.Engine(**kwargs)
+    try:
+        out = engines.generate(engine, prompt_ids, GREEDY, 4)
+        info = engine.get_server_info()
+        repeated = engines.generate(engine, list(again), GREEDY, 2) if again else []
+        after = engine.get_server_info()
+        return out, info, repeated, after
+    finally:
+        engines.shutdown(engine)
+
+
+@pytest.fixture(scope="module")
+def runs(prompt_ids, tmp_path_factory):
+    draft = _all_sliding(tiny_pair()[1], tmp_path_factory.mktemp("window-pool"))
+    again = prompt_ids[:2]
+    return {
+        "plain": _run({}, prompt_ids),
+        "every-token": _run(DFLASH, prompt_ids, draft),
+        "ring": _run(RING, prompt_ids, draft, again),
+        # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py).
+        "ring-tp2": _run({**RING, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}, prompt_ids[:4], draft, tp_size=2),
+    }
+
+
+def _ids(outputs):
+    return [o["output_ids"] for o in outputs]
+
+
+def test_the_ring_is_lossless_past_the_window(runs, prompt_ids):
+    plain, ring = runs["plain"][0], runs["ring"][0]
+    assert _ids(ring) == _ids(plain)
+    assert min(len(p) for p in prompt_ids) + GREEDY["max_new_tokens"] >= 6 * WINDOW
+
+
+def test_the_ring_proposes_what_the_store_of_every_token_proposes(runs):
+    """Per request, the accepted-draft counts of every verify step equal the other store's: the
+    sliding layers read the same K/V from the ring. (With a ring that lost rows the trained
+    draft's proposals change, and its acceptance drops: tests/unit/draft/test_window_ring.py.)"""
+    every, ring = runs["every-token"][0], runs["ring"][0]
+    hist = [o["meta_info"]["spec_correct_drafts_histogram"] for o in ring]
+    assert hist == [o["meta_info"]["spec_correct_drafts_histogram"] for o in every]
+    assert sum(sum(n * c for n, c in enumerate(h)) for h in hist) > 0  # drafts were accepted
+
+
+def test_each_tensor_parallel_rank_keeps_its_heads_ring(runs):
+    """At TP 2 each rank rings its own KV head: the same tokens, and the same proposals."""
+    tp2, ring = runs["ring-tp2"][0], runs["ring"][0][:4]
+    assert _ids(tp2) == _ids(runs["plain"][0][:4])
+    hist = [o["meta_info"]["spec_correct_drafts_histogram"] for o in tp2]
+    assert hist == [o["meta_info"]["spec_correct_drafts_histogram"] for o in ring]
+
+
+def test_the_target_gets_the_memory_back(runs):
+    plain = runs["plain"][1]["max_total_num_tokens"]
+    every, ring = (runs[k][1] for k in ("every-token", "ring"))
+    assert ring["max_total_num_tokens"] >= 0.95 * plain
+    assert every["max_total_num_tokens"] < 0.8 * plain  # today's store: a row per token
+    kv = ring["internal_states"][0]["dflash_draft_kv"]
+    assert kv["sliding_layers_windowed"] is True
+    assert kv["window_ring_rows_per_request"] == WINDOW + 8
+    assert kv["window_ring_bytes"] == kv["store_bytes"]  # all-sliding: nothing per token
+    assert every["internal_states"][0]["dflash_draft_kv"]["sliding_layers_windowed"] is False
+
+
+def test_a_radix_cache_hit_is_lossless_and_counted(runs, prompt_ids):
+    """The same prompts again: the radix cache serves all but their last token, whose window
+    the ring no longer holds for a new request: counted, and the outputs stay the target's."""
+    plain, _, repeated, after = runs["plain"][0], *runs["ring"][1:]
+    assert _ids(repeated) == _ids(plain[:2])
+    before = runs["ring"][1]["internal_states"][0]["dflash_window_misses"]
+    now = after["internal_states"][0]["dflash_window_misses"]
+    assert now["requests"] - before["requests"] == 2
+    assert now["positions"] - before["positions"] == 2 * (WINDOW - 1)

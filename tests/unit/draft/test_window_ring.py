@@ -1,0 +1,180 @@
+"""The window ring (`sglang_dflash/draft/window_ring.py`): its rows by hand, and the draft
+attention over a store whose windowed layer keeps a ring against the same attention over a
+store that keeps every token (the reference), through a schedule of chunked extends, decode
+steps with uncommitted tokens, and request slots reused. In a running engine:
+tests/engine/test_window_pool.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_dflash.checkpoint.config import DFlashDraftConfig
+from sglang_dflash.draft.attention import SdpaDraftAttention
+from sglang_dflash.draft.kv_plan import DraftKVPlan
+from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.window_misses import WindowMisses
+from sglang_dflash.draft.window_ring import WindowRing
+from tests.support.tiny import draft_config_dict
+
+WINDOW, BLOCK, HEADS, KV_HEADS, HEAD_DIM = 8, 4, 4, 2, 16
+
+
+def test_rows_by_hand():
+    ring = WindowRing(rows_per_request=4, num_requests=3)
+    assert (ring.sink, ring.num_rows) == (12, 13)
+    # One request (slot 2) at positions 0..5, all kept: the last 4 land, the first 2 go to the sink.
+    rows = ring.write_rows(torch.full((6,), 2), torch.arange(6))
+    assert rows.tolist() == [12, 12, 10, 11, 8, 9]
+    # Two requests in one write; tokens not kept (not committed) go to the sink, and do not
+    # count as the request's last position.
+    reqs, positions = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([3, 4, 9, 10, 11])
+    keep = torch.tensor([True, True, True, True, False])
+    assert ring.write_rows(reqs, positions, keep).tolist() == [3, 0, 5, 6, 12]
+    assert ring.read_rows(torch.tensor([1, 2]), torch.tensor([6, 0]), 3).tolist() == [[6, 7, 4], [8, 9, 10]]
+    assert ring.for_reach(32, 16, 5) == WindowRing(48, 5)
+    assert ring.nbytes(bytes_per_layer_token=100, num_layers=2) == 13 * 200
+    assert ring.pays(token_slots=14) and not ring.pays(token_slots=13)
+
+
+def _config() -> DFlashDraftConfig:
+    """Layer 0 sliding (window 8), layer 1 full; block 4."""
+    raw = draft_config_dict(
+        num_layers=2, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK
+    )
+    raw.update(
+        use_sliding_window=True, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
+    )
+    return DFlashDraftConfig.from_dict(raw)
+
+
+class Server:
+    """Request slots, target slots, and two stores written alike: one keeping every token, one
+    with the sliding layer in a ring of `rows_per_request`."""
+
+    def __init__(self, rows_per_request: int, num_requests: int = 4, max_context: int = 96):
+        kw = dict(num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=torch.float32, device="cpu")
+        self.full = DraftKVStore(num_slots=1024, **kw)
+        self.ring = WindowRing(rows_per_request, num_requests)
+        self.ringed = DraftKVStore(num_slots=1024, ring=self.ring, windowed_layers=(0,), **kw)
+        self.req_to_token = torch.zeros(num_requests, max_context, dtype=torch.int64)
+        self.lens = [0] * num_requests
+        self.next_slot = 1  # slot 0: the sink
+        self.gen = torch.Generator().manual_seed(0)
+
+    def write(self, req: int, count: int, committed: int | None = None) -> None:
+        """`count` new positions of request slot `req`, the first `committed` of them kept (a
+        decode step's window: the rest go to slot 0)."""
+        committed = count if committed is None else committed
+        start = self.lens[req]
+        positions = torch.arange(start, start + count)
+        slots = torch.arange(self.next_slot, self.next_slot + count)
+        self.next_slot += count
+        slots[committed:] = 0
+        self.req_to_token[req, start : start + committed] = slots[:committed]
+        self.lens[req] += committed
+        k = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen)
+        v = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen)
+        self.full.write(slots, k, v)
+        self.ringed.write(slots, k, v, self.ring.write_rows(torch.full((count,), req), positions, slots != 0))
+
+    def restart(self, req: int) -> None:
+        """The request in slot `req` finished; a new one starts there from position 0."""
+        self.lens[req] = 0
+
+    def attention_outputs(self, store: DraftKVStore, reqs: list[int]) -> list[torch.Tensor]:
+        lens = torch.tensor([self.lens[r] for r in reqs])
+        attention = SdpaDraftAttention(_config(), store).bind(
+            self.req_to_token, torch.tensor(reqs), lens, lens, BLOCK
+        )
+        gen = torch.Generator().manual_seed(1)
+        n = len(reqs) * BLOCK
+        q = torch.randn(n, HEADS, HEAD_DIM, generator=gen)
+        k, v = torch.randn(2, n, KV_HEADS, HEAD_DIM, generator=gen)
+        return [attention(layer, q, k, v) for layer in range(2)]
+
+
+def _schedule(server: Server) -> list[list[int]]:
+    """Extends (one chunk longer than the ring), decode steps, a slot reused; after each, the
+    requests a draft step reads."""
+    reads = []
+    server.write(0, 30)  # a prefill chunk of 30 > R: only its last R land in the ring
+    server.write(1, 5)
+    reads.append([0, 1])
+    for step in range(12):
+        server.write(0, BLOCK, committed=1 + step % BLOCK)
+        server.write(1, BLOCK, committed=1 + (step * 3) % BLOCK)
+        reads.append([0, 1])
+    server.write(2, 3)  # a chunked prefill: 3, then 20, then 2
+    server.write(2, 20)
+    server.write(2, 2)
+    reads.append([2, 0])
+    server.restart(1)  # slot 1 reused by a new request
+    server.write(1, 11)
+    reads.append([1, 2, 0])
+    return reads
+
+
+def test_a_windowed_layer_in_its_ring_attends_as_over_every_token():
+    server = Server(rows_per_request=WINDOW + BLOCK)
+    for reqs in _schedule(server):
+        full, ringed = (
+            server.attention_outputs(server.full, reqs),
+            server.attention_outputs(server.ringed, reqs),
+        )
+        for layer in range(2):
+            torch.testing.assert_close(ringed[layer], full[layer], rtol=0, atol=0)
+    # The ring holds R rows of each request slot instead of a row per target slot.
+    assert server.ringed.ring_k.shape == (1, 4 * (WINDOW + BLOCK) + 1, KV_HEADS, HEAD_DIM)
+    assert server.ringed.k.shape[0] == 1  # the full layer only
+    assert server.ringed.nbytes < server.full.nbytes
+
+
+def test_a_ring_shorter_than_the_window_reads_overwritten_rows():
+    """The check can fail: the block's first query sees the window's last WINDOW - 1 context
+    positions, so a ring of WINDOW - 2 rows has overwritten one the sliding layer reads, and its
+    outputs differ (the full layer's do not)."""
+    server = Server(rows_per_request=WINDOW - 2)
+    reqs = _schedule(server)[-1]
+    full, ringed = server.attention_outputs(server.full, reqs), server.attention_outputs(server.ringed, reqs)
+    torch.testing.assert_close(ringed[1], full[1], rtol=0, atol=0)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(ringed[0], full[0])
+
+
+def test_the_plan_with_a_ring_costs_the_full_layers_per_token_and_the_ring():
+    plan = DraftKVPlan.for_draft(
+        _config(), context_window=None, num_kv_heads=KV_HEADS, itemsize=4, store_slots=1000,
+        ring=WindowRing.for_reach(WINDOW, BLOCK, 4),
+    )  # fmt: skip
+    per_layer = 2 * KV_HEADS * HEAD_DIM * 4  # 256 B
+    assert plan.windowed and plan.ring_bytes == (4 * 12 + 1) * per_layer
+    assert plan.store_bytes == 1000 * per_layer + plan.ring_bytes
+    assert "window ring of 12 rows x 4 request slots" in plan.describe()
+    info = plan.server_info()
+    assert (info["window_ring_rows_per_request"], info["window_ring_request_slots"]) == (12, 4)
+
+
+class _Req:
+    """What `WindowMisses` reads of SGLang's `Req`."""
+
+    def __init__(self, rid: str, slot: int):
+        self.rid, self.kv = rid, SimpleNamespace(req_pool_idx=slot)
+
+
+def test_window_misses_count_requests_starting_from_a_prefix_their_slot_does_not_hold():
+    misses = WindowMisses(reach=32)
+    a = _Req("a", 1)
+    misses.extend([a], [0], [40])  # a fresh prefill: nothing missing
+    misses.extend([a], [40], [10])  # its next chunk, in its own slot
+    assert misses.describe() == {"requests": 0, "positions": 0}
+    b = _Req("b", 2)
+    misses.extend([b], [100], [20])  # a radix-cache hit of 100: positions 88..99 missing
+    misses.extend([b], [120], [1])  # b decoding, mixed into an extend batch: its own slot
+    c = _Req("c", 1)
+    misses.extend([c], [64], [40])  # c in a's old slot: a hit of 64, and its 40 new ones cover the window
+    assert misses.describe() == {"requests": 1, "positions": 12}
+    misses.extend([_Req("d", 1)], [10], [1])  # slot 1 last written by c: 10 missing
+    assert misses.describe() == {"requests": 2, "positions": 22}
