@@ -237,6 +237,9 @@ REGISTRY: tuple[Knob, ...] = (
          "prefill/decode disaggregation leaves the draft's K/V out of its transfer"),
     Knob("SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE", TEST, SWITCH, False, "worker.py", "skip_draft_hicache",
          "HiCache leaves the draft's K/V out of its backups"),
+    Knob("SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL", TEST, SWITCH, False, "integration/draft_budget.py",
+         "skip_window_reprefill",
+         "with the window ring, a radix-cache hit reuses its whole prefix: its first drafts read no window"),
     Knob("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", TEST, SWITCH, False, "integration/linear_state.py",
          "skip_state_commit",
          "hybrid targets keep the linear-attention state of the whole verify window"),
@@ -351,6 +354,7 @@ class Knobs:
     skip_draft_transfer: bool = False
     skip_draft_hicache: bool = False
     skip_state_commit: bool = False
+    skip_window_reprefill: bool = False
     width1_steps: int = 0
     widths: tuple[int, ...] = ()
     # Debugging aids.

@@ -329,14 +329,19 @@ class DraftRuntime:
 
     def window_ring(self, num_requests: int) -> WindowRing:
         """The ring of the windowed layers for `num_requests` request slots."""
-        reach = max(r for r in self._kv_plan(0).reach if r is not None)
-        return WindowRing.for_reach(reach, self.block_size, num_requests)
+        return WindowRing.for_reach(self.window_reach, self.block_size, num_requests)
 
-    def window_budget(self) -> DraftBudget:
-        """What the draft's K/V costs with a window ring (`integration/draft_budget.py`)."""
+    def window_budget(self, reprefill: bool = True) -> DraftBudget:
+        """What the draft's K/V costs with a window ring (`integration/draft_budget.py`);
+        `reprefill`: a radix-cache hit re-prefills the window (off: a test aid)."""
         plan = self._kv_plan(0)
         per_request = self.window_ring(1).rows_per_request * plan.sliding_bytes_per_token
-        return DraftBudget(len(plan.reach), len(plan.full_layers), per_request)
+        return DraftBudget(len(plan.reach), len(plan.full_layers), per_request, self.window_reach, reprefill)
+
+    @property
+    def window_reach(self) -> int:
+        """The longest windowed layer's reach."""
+        return max(r for r in self._kv_plan(0).reach if r is not None)
 
     def _kv_plan(self, store_slots: int, ring: Optional[WindowRing] = None) -> DraftKVPlan:
         """This rank's `DraftKVPlan` (its KV heads, the resolved KV dtype)."""

@@ -166,8 +166,8 @@ class DFlashWorker(BaseSpecWorker):
         )
         if reason is not None:
             raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
-        draft_budget.declare(self.runtime.window_budget())
-        return WindowMisses(self.runtime.window_ring(1).rows_per_request - self.runtime.block_size)
+        draft_budget.declare(self.runtime.window_budget(reprefill=not self.knobs.skip_window_reprefill))
+        return WindowMisses(self.runtime.window_reach)
 
     def _log_start_up(self) -> None:
         """One line: what serves DFLASH here, each field from the component that owns it."""

@@ -9,11 +9,14 @@ committed `reach` tokens of its own. Each such request is counted, with its miss
 for server info (`dflash_window_misses`), with a warning the first time.
 
 Host bookkeeping on the extend's request list, per request (never per token): slot -> the
-request that last extended in it. The same request again in its slot (its next chunk, a
-decode mixed into an extend batch) misses nothing: its decode steps wrote the slot too.
+request that extends in it, the first position it wrote there, and whether its window was
+judged. A request is judged at the extend that completes its prefill (its last chunk: the
+first draft follows), once: the positions of its window [max(0, end - reach), end) that lie
+before the first one it wrote are missing.
 
-E.g., reach 32: a request admitted with a cached prefix of 100 tokens and 20 new ones -> 12
-positions missing (88..99); its next chunk -> none.
+E.g., reach 32: a request admitted with a cached prefix of 100 tokens and 20 new ones (in
+chunks of 8 and 12) -> at the second chunk, 12 positions missing (88..99); a request with a
+cached prefix of 2 tokens and 40 new ones -> none (its window starts at 10).
 """
 
 from __future__ import annotations
@@ -29,27 +32,31 @@ class WindowMisses:
         self.reach = reach  # the longest windowed layer's reach
         self.requests = 0  # requests that drafted without part of their window
         self.positions = 0  # positions missing, over those requests
-        self._written: dict[int, str] = {}  # request slot -> the rid that last extended in it
+        # request slot -> [rid extending there, the first position it wrote, judged]
+        self._slots: dict[int, list] = {}
 
     def extend(self, reqs: Sequence, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
         """An extend of `reqs` (SGLang's `Req`s, in the batch's order; `req.kv.req_pool_idx`:
         its slot) from `prefix_lens`, for `extend_lens` tokens each."""
         for req, prefix, length in zip(reqs, prefix_lens, extend_lens):
-            slot = req.kv.req_pool_idx
-            if prefix > 0 and self._written.get(slot) != req.rid:
-                missing = prefix - max(0, prefix + length - self.reach)
-                if missing > 0:
-                    if self.requests == 0:
-                        logger.warning(
-                            "DFLASH window ring: a request starts from a prefix whose draft K/V its slot "
-                            "does not hold (a radix-cache hit); its drafts read %d positions without "
-                            "their K/V until it commits %d tokens (counted: dflash_window_misses)",
-                            missing,
-                            self.reach,
-                        )
-                    self.requests += 1
-                    self.positions += missing
-            self._written[slot] = req.rid
+            record = self._slots.get(req.kv.req_pool_idx)
+            if record is None or record[0] != req.rid:
+                record = self._slots[req.kv.req_pool_idx] = [req.rid, prefix, False]
+            end = prefix + length
+            if record[2] or end < len(req.origin_input_ids) + len(req.output_ids):
+                continue  # judged already (a decode mixed in), or more prefill chunks to come
+            record[2] = True
+            missing = record[1] - max(0, end - self.reach)
+            if missing > 0:
+                if self.requests == 0:
+                    logger.warning(
+                        "DFLASH window ring: a request drafts over %d positions of its window whose "
+                        "draft K/V its slot does not hold (a prefix served from the radix cache); "
+                        "counted in dflash_window_misses",
+                        missing,
+                    )
+                self.requests += 1
+                self.positions += missing
 
     def describe(self) -> dict:
         """Server info's `dflash_window_misses`."""

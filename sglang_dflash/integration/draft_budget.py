@@ -12,6 +12,9 @@ worker declares that split (`declare`) before the pools are sized, and two hooks
   most request slots SGLang can give the target (`--max-running-requests` per DP worker, else
   the 4096 that `resolve_max_num_reqs` caps at), plus its padding row and the sink.
 
+And one on the radix cache: a request that reuses a cached prefix re-prefills its last `reach`
+tokens (`reprefill_hook`), so that its ring holds the window before it drafts.
+
 Worked example (the shipped draft re-declared all-sliding, window 32, block 16, fp32, 1024 B
 per layer and token): cell 2048 -> 1 B; ring (32 + 16) x 2 x 1024 = 96 KiB per request slot,
 3.1 MiB at 32 running requests.
@@ -33,6 +36,8 @@ class DraftBudget:
     num_layers: int  # all draft layers
     num_full_layers: int  # the layers that keep a row per target token
     ring_bytes_per_request: int  # the windowed layers' ring rows of one request slot, K and V
+    reach: int = 0  # the longest windowed layer's reach: a cached prefix's tail re-prefilled
+    reprefill: bool = True  # False: SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL
 
     def cell_size(self, all_layers: int) -> int:
         """The bytes per token the full layers cost, from SGLang's for every layer."""
@@ -80,6 +85,17 @@ def cell_size_hook(original, **kwargs):
     if _declared is None or cell is None:
         return cell
     return _declared.cell_size(int(cell))
+
+
+def reprefill_hook(original, self, req=None) -> int:
+    """AROUND `swa_reprefill_tail_tokens` of SGLang's prefix caches: a request matched in the
+    radix cache re-prefills at least its prefix's last `reach` tokens, whose draft K/V its slot's
+    ring does not hold (the target's K/V there is recomputed too: SGLang caps the match, as it
+    does for its own per-request SWA rings). The first draft then reads a whole window."""
+    tail = original(self, req)
+    if _declared is None or not _declared.reprefill:
+        return tail
+    return max(tail, _declared.reach)
 
 
 def available_bytes_hook(original, self, pre_model_load_memory: int) -> int:

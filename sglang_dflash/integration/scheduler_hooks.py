@@ -14,7 +14,7 @@
   (`draft_context.py`), and prefill peers of another attention-TP size refused.
 * The draft's window ring in the target's pool budget (`draft_budget.py`): with
   SGLANG_DFLASH_DRAFT_WINDOW_POOL=1, SGLang charges the full draft layers per token and sets
-  the ring aside.
+  the ring aside, and a radix-cache hit re-prefills the window's tokens.
 * Server info names the DFLASH implementation.
 
 Each hook hands the call back unchanged when the built-in serves DFLASH
@@ -69,6 +69,8 @@ def install_scheduler_hooks() -> None:
         "mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes": (
             draft_budget.available_bytes_hook
         ),
+        "mem_cache.base_prefix_cache.BasePrefixCache.swa_reprefill_tail_tokens": draft_budget.reprefill_hook,
+        "mem_cache.unified_radix_cache.UnifiedRadixCache.swa_reprefill_tail_tokens": draft_budget.reprefill_hook,
         # Prefill/decode disaggregation.
         "disaggregation.decode.DecodePreallocQueue._pre_alloc": _stamp_transfer_slots,
         "disaggregation.decode.DecodeTransferQueue.pop_transferred": _check_transferred_context,

@@ -30,6 +30,7 @@ GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
 ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.05, chunked_prefill_size=24)
 DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
 RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
+TP2_WITHOUT_REPREFILL = {**RING, "SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
 
 
 def _all_sliding(draft: str, root) -> str:
@@ -81,10 +82,11 @@ def runs(prompt_ids, tmp_path_factory):
     again = prompt_ids[:2]
     return {
         "plain": _run({}, prompt_ids),
-        "every-token": _run(DFLASH, prompt_ids, draft),
+        "every-token": _run(DFLASH, prompt_ids, draft, again),
         "ring": _run(RING, prompt_ids, draft, again),
-        # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py).
-        "ring-tp2": _run({**RING, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}, prompt_ids[:4], draft, tp_size=2),
+        # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py). And a
+        # radix-cache hit there reuses its whole prefix (the test aid): the window goes missing.
+        "ring-tp2": _run(TP2_WITHOUT_REPREFILL, prompt_ids[:4], draft, again, tp_size=2),
     }
 
 
@@ -128,12 +130,29 @@ def test_the_target_gets_the_memory_back(runs):
     assert every["internal_states"][0]["dflash_draft_kv"]["sliding_layers_windowed"] is False
 
 
-def test_a_radix_cache_hit_is_lossless_and_counted(runs, prompt_ids):
-    """The same prompts again: the radix cache serves all but their last token, whose window
-    the ring no longer holds for a new request: counted, and the outputs stay the target's."""
-    plain, _, repeated, after = runs["plain"][0], *runs["ring"][1:]
+def _misses(info) -> dict:
+    return info["internal_states"][0]["dflash_window_misses"]
+
+
+def test_a_radix_cache_hit_re_prefills_the_window_and_proposes_as_todays_store(runs):
+    """The first two prompts again, on both DFLASH engines: the radix cache serves all but their
+    last 32 tokens, which the target prefills again, filling the new request slot's ring. The
+    same tokens, the same proposals as the store of every token makes on its cache hit (which
+    holds the prefix's draft K/V), and no request drafts without its window."""
+    plain, (_, info, repeated, after) = runs["plain"][0], runs["ring"]
     assert _ids(repeated) == _ids(plain[:2])
-    before = runs["ring"][1]["internal_states"][0]["dflash_window_misses"]
-    now = after["internal_states"][0]["dflash_window_misses"]
+    hist = [o["meta_info"]["spec_correct_drafts_histogram"] for o in repeated]
+    assert hist == [o["meta_info"]["spec_correct_drafts_histogram"] for o in runs["every-token"][2]]
+    assert repeated[0]["meta_info"]["cached_tokens"] > 0  # the prefix was served from the cache
+    assert _misses(after) == _misses(info) == {"requests": 0, "positions": 0}
+
+
+def test_a_radix_cache_hit_without_the_re_prefill_is_lossless_and_counted(runs):
+    """The check can fail: with the re-prefill switched off (SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL)
+    the hit reuses all but the last token, whose window the new slot's ring does not hold:
+    each request is counted, with its window's 31 positions before that token."""
+    plain, (_, info, repeated, after) = runs["plain"][0], runs["ring-tp2"]
+    assert _ids(repeated) == _ids(plain[:2])
+    before, now = _misses(info), _misses(after)
     assert now["requests"] - before["requests"] == 2
     assert now["positions"] - before["positions"] == 2 * (WINDOW - 1)

@@ -29,12 +29,14 @@ def test_every_knob_is_read_from_its_variable(tmp_path):
         "SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN": "512",
         "SGLANG_DFLASH_VERIFY_GRAPHS": "eager",
         "SGLANG_DFLASH_DEFERRED_INJECTION": "0",
+        "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1",
         "SGLANG_DFLASH_STEP_TIMING": steps,
         "SGLANG_ENABLE_LILICORR_SAMPLING": "0",
         "SGLANG_DFLASH_TEST_SKIP_DECODE_INJECTION": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER": "1",
         "SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE": "1",
         "SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT": "1",
+        "SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL": "1",
         "SGLANG_DFLASH_TEST_WIDTH1_STEPS": "3",
         "SGLANG_DFLASH_TEST_WIDTHS": "1,4, 2",
         "SGLANG_DFLASH_CHECK_RANKS": "1",
@@ -51,12 +53,14 @@ def test_every_knob_is_read_from_its_variable(tmp_path):
         draft_plan_free=512,
         verify_graphs="eager",
         deferred_injection=False,
+        window_pool=True,
         step_timing=steps,
         lilicorr_sampling=False,
         skip_decode_injection=True,
         skip_draft_transfer=True,
         skip_draft_hicache=True,
         skip_state_commit=True,
+        skip_window_reprefill=True,
         width1_steps=3,
         widths=(1, 4, 2),
         check_ranks=True,
@@ -81,6 +85,7 @@ GOOD = [
     ("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER", "1", True),
     ("SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE", "1", True),
     ("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", "0", False),
+    ("SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL", "1", True),
     ("SGLANG_DFLASH_CHECK_RANKS", "0", False),
     ("SGLANG_DFLASH_ADAPTIVE_WIDTH", "0", False),
     ("SGLANG_DFLASH_FAIR_SLACK", "0.2", 0.2),
@@ -138,6 +143,7 @@ BAD = [
     ("SGLANG_DFLASH_TEST_SKIP_DRAFT_TRANSFER", "2", "0 or 1"),
     ("SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE", "on", "0 or 1"),
     ("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", "True", "0 or 1"),
+    ("SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL", "yes", "0 or 1"),
     ("SGLANG_DFLASH_TEST_WIDTH1_STEPS", "-2", "a non-negative integer"),
     ("SGLANG_DFLASH_TEST_WIDTHS", "1,0", "a list of positive integers separated by commas"),
     ("SGLANG_DFLASH_TEST_WIDTHS", "1;2", "a list of positive integers separated by commas"),
@@ -245,7 +251,7 @@ def test_use_builtin():
 
 def test_the_registry_is_one_table_of_distinct_well_formed_knobs():
     names = [k.name for k in knobs.REGISTRY]
-    assert len(names) == len(set(names)) == 35
+    assert len(names) == len(set(names)) == 36
     for knob in knobs.REGISTRY:
         assert knob.kind in knobs.KINDS, knob.name
         assert knob.name.startswith(("SGLANG_DFLASH_", "SGLANG_")), knob.name

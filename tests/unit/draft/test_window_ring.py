@@ -160,21 +160,25 @@ def test_the_plan_with_a_ring_costs_the_full_layers_per_token_and_the_ring():
 class _Req:
     """What `WindowMisses` reads of SGLang's `Req`."""
 
-    def __init__(self, rid: str, slot: int):
+    def __init__(self, rid: str, slot: int, prompt_len: int):
         self.rid, self.kv = rid, SimpleNamespace(req_pool_idx=slot)
+        self.origin_input_ids, self.output_ids = [0] * prompt_len, []
 
 
-def test_window_misses_count_requests_starting_from_a_prefix_their_slot_does_not_hold():
+def test_window_misses_count_requests_that_draft_without_part_of_their_window():
     misses = WindowMisses(reach=32)
-    a = _Req("a", 1)
-    misses.extend([a], [0], [40])  # a fresh prefill: nothing missing
-    misses.extend([a], [40], [10])  # its next chunk, in its own slot
+    a = _Req("a", 1, 50)
+    misses.extend([a], [0], [40])  # a fresh prefill in two chunks: nothing missing
+    misses.extend([a], [40], [10])
+    a.output_ids = [7]
+    misses.extend([a], [50], [1])  # a decoding, mixed into an extend batch
     assert misses.describe() == {"requests": 0, "positions": 0}
-    b = _Req("b", 2)
-    misses.extend([b], [100], [20])  # a radix-cache hit of 100: positions 88..99 missing
-    misses.extend([b], [120], [1])  # b decoding, mixed into an extend batch: its own slot
-    c = _Req("c", 1)
-    misses.extend([c], [64], [40])  # c in a's old slot: a hit of 64, and its 40 new ones cover the window
+    b = _Req("b", 2, 120)
+    misses.extend([b], [100], [8])  # a radix-cache hit of 100, in chunks of 8 and 12: judged
+    misses.extend([b], [108], [12])  # at the last, positions 88..99 missing
     assert misses.describe() == {"requests": 1, "positions": 12}
-    misses.extend([_Req("d", 1)], [10], [1])  # slot 1 last written by c: 10 missing
+    c = _Req("c", 1, 42)
+    misses.extend([c], [2], [20])  # a's old slot, a shared prefix of 2, in two chunks:
+    misses.extend([c], [22], [20])  # its window starts at 10, after them
+    misses.extend([_Req("d", 1, 11)], [10], [1])  # slot 1 last written by c: 10 missing
     assert misses.describe() == {"requests": 2, "positions": 22}
