@@ -69,8 +69,10 @@ def install_scheduler_hooks() -> None:
         "mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes": (
             draft_budget.available_bytes_hook
         ),
-        "mem_cache.base_prefix_cache.BasePrefixCache.swa_reprefill_tail_tokens": draft_budget.reprefill_hook,
-        "mem_cache.unified_radix_cache.UnifiedRadixCache.swa_reprefill_tail_tokens": draft_budget.reprefill_hook,
+        **{
+            f"mem_cache.{cache}.swa_reprefill_tail_tokens": draft_budget.reprefill_hook
+            for cache in ("base_prefix_cache.BasePrefixCache", "unified_radix_cache.UnifiedRadixCache")
+        },
         # Prefill/decode disaggregation.
         "disaggregation.decode.DecodePreallocQueue._pre_alloc": _stamp_transfer_slots,
         "disaggregation.decode.DecodeTransferQueue.pop_transferred": _check_transferred_context,

@@ -30,7 +30,11 @@ GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
 ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.05, chunked_prefill_size=24)
 DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
 RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
-TP2_WITHOUT_REPREFILL = {**RING, "SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+TP2_WITHOUT_REPREFILL = {
+    **RING,
+    "SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL": "1",
+    "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+}
 
 
 def _all_sliding(draft: str, root) -> str:
