@@ -17,11 +17,12 @@ arguments for every engine, a JSON object):
   mixed         the first layer sliding (window --window), the others full.
 
 `x plain` is the DFLASH engine's pool over the plain engine's, measured in this run. The draft's
-bytes per token (full and sliding layers apart) are server info's. `windowed (estimate)` is what a
-window pool would give: the budget the plain engine spent, M = its tokens x t, less the sliding
-layers' rows per request slot (window + block, for --max-running-requests 32), over t + the full
-layers' bytes. t, the target's bytes per token, is read off the measured ratio r = t / (t + d):
-t = d r / (1 - r). A computation, until the window pool is built.
+bytes per token (full and sliding layers apart) are server info's. For a draft with sliding
+layers, one more DFLASH engine runs with SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 (`with the window
+ring`), next to the estimate of what it should give: the budget the plain engine spent,
+M = its tokens x t, less the sliding layers' rows per request slot (window + block, for
+--max-running-requests 32), over t + the full layers' bytes. t, the target's bytes per token, is
+read off the measured ratio r = t / (t + d): t = d r / (1 - r).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 VARIANTS = ("published", "all-sliding", "mixed")
+WINDOW_POOL = "SGLANG_DFLASH_DRAFT_WINDOW_POOL"
 MAX_RUNNING_REQUESTS = 32
 
 
@@ -58,7 +60,10 @@ def draft_variant(draft: str, variant: str, window: int, root: str) -> str:
     return path
 
 
-def measure(target: str, draft: str | None, mem_fraction: float, extra: dict) -> dict:
+def measure(
+    target: str, draft: str | None, mem_fraction: float, extra: dict, window_pool: bool = False
+) -> dict:
+    """One engine's pool and draft K/V plan; `window_pool`: SGLANG_DFLASH_DRAFT_WINDOW_POOL=1."""
     import sglang as sgl
 
     args = dict(
@@ -73,6 +78,8 @@ def measure(target: str, draft: str | None, mem_fraction: float, extra: dict) ->
     if draft is not None:
         args.update(speculative_algorithm="DFLASH", speculative_draft_model_path=draft)
     started = time.time()
+    # The scheduler reads the switch when it starts, from the environment it inherits.
+    os.environ[WINDOW_POOL] = "1" if window_pool else "0"
     engine = sgl.Engine(**args)
     try:
         info = engine.get_server_info()
@@ -95,13 +102,16 @@ def windowed_estimate(plain_tokens: int, ratio: float, full: int, sliding: int, 
 def table(rows: list[dict]) -> str:
     out = [
         "| Engine | Draft layers | Draft B/token (full + sliding) | Target tokens | x plain "
-        "| Windowed (estimate) | x plain |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| With the window ring | x plain | Estimate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        ring = "- | - | - |"
+        if "ring" in r:
+            ring = f"{r['ring']:,} | {r['ring_ratio']:.2f} | {r['windowed']:,} |"
         out.append(
             f"| {r['engine']} | {r['layers']} | {r['draft_bytes']} | {r['tokens']:,} | {r['ratio']:.2f} | "
-            + (f"{r['windowed']:,} | {r['windowed_ratio']:.2f} |" if "windowed" in r else "- | - |")
+            + ring
         )
     return "\n".join(out)
 
@@ -140,7 +150,8 @@ def main() -> None:
         ]  # fmt: skip
         for variant in variants:
             print(f"DFLASH, {variant} draft ...", flush=True)
-            got = measure(target, draft_variant(draft, variant, args.window, root), args.mem_fraction, extra)
+            path = draft_variant(draft, variant, args.window, root)
+            got = measure(target, path, args.mem_fraction, extra)
             kv = got["draft_kv"]
             full, sliding = kv["bytes_per_token_full"], kv["bytes_per_token_sliding"]
             windows = sorted(set(kv["sliding_windows"]))
@@ -158,13 +169,17 @@ def main() -> None:
                     start_s=got["start_s"],
                 )
             )
-            if sliding:
-                ring = max(windows) + block_size
-                est = windowed_estimate(plain["max_total_num_tokens"], ratio, full, sliding, ring)
-                rows[-1].update(windowed=est, windowed_ratio=est / plain["max_total_num_tokens"])
             print(
                 f"  {got['max_total_num_tokens']:,} tokens, x{ratio:.2f} ({got['start_s']:.0f} s)", flush=True
             )
+            if sliding:
+                ring = max(windows) + block_size
+                est = windowed_estimate(plain["max_total_num_tokens"], ratio, full, sliding, ring)
+                print(f"DFLASH, {variant} draft, {WINDOW_POOL}=1 ...", flush=True)
+                with_ring = measure(target, path, args.mem_fraction, extra, True)["max_total_num_tokens"]
+                ring_ratio = with_ring / plain["max_total_num_tokens"]
+                rows[-1].update(windowed=est, ring=with_ring, ring_ratio=ring_ratio)
+                print(f"  {with_ring:,} tokens, x{ring_ratio:.2f} (estimate {est:,})", flush=True)
     print(f"\n--mem-fraction-static {args.mem_fraction}, --max-running-requests {MAX_RUNNING_REQUESTS}\n")
     print(table(rows))
     if args.json:

@@ -146,31 +146,53 @@ class SdpaDraftAttention:
         it costs no sync, and an upper bound only pads more.
         """
         bs = context_lens.shape[0]
-        c = min(int(context_lens_cpu.max()), req_to_token.shape[1])
-        if self.context_window is not None:
-            c = min(c, self.context_window)
-        device = context_lens.device
-        start, visible = context_window(context_lens, self.context_window)  # [bs], [bs]
-        # [bs, C] slot ids of every request's visible context, from `start`; entries past its
-        # visible length are masked (start + C stays in the row: start > 0 only when C <= W).
-        self.context_slots = gather_slots(req_to_token, req_pool_indices, start, c)
-        if self.store.ring is not None:  # [bs, C] the same positions' rows in the window ring
-            self.ring_rows = self.store.ring.read_rows(req_pool_indices, start, c)
+        longest = min(int(context_lens_cpu.max()), req_to_token.shape[1])
         self.bs, self.block_size = bs, block_size
-        cols = torch.arange(c, device=device)
+        device = context_lens.device
         q_pos = context_lens[:, None] + torch.arange(block_size, device=device)  # [bs, Bd]
+        layers = range(self.config.num_hidden_layers)
+        ring = self.store.ring
+        in_ring = [ring is not None and self.store.in_ring(i) for i in layers]
+        masks = [None] * len(in_ring)
+        if not all(in_ring):
+            # The full layers (all layers without a ring) see the context window, by slot id.
+            c = longest if self.context_window is None else min(longest, self.context_window)
+            start, visible = context_window(context_lens, self.context_window)  # [bs], [bs]
+            # [bs, C] slot ids of every request's visible context, from `start`; entries past its
+            # visible length are masked (start + C stays in the row: start > 0 only when C <= W).
+            self.context_slots = gather_slots(req_to_token, req_pool_indices, start, c)
+            full = self._masks(q_pos, start, visible, c, block_size)
+            masks = [m if not r else None for m, r in zip(full, in_ring)]
+        if any(in_ring):
+            # A windowed layer in the ring sees no further back than its R rows (the positions
+            # still there, `window_ring.py`): its gather is R wide whatever the context.
+            reach = ring.rows_per_request
+            if self.context_window is not None:
+                reach = min(reach, self.context_window)
+            start, visible = context_window(context_lens, reach)
+            c = min(longest, reach)
+            self.ring_rows = ring.read_rows(req_pool_indices, start, c)  # [bs, C_ring]
+            windowed = self._masks(q_pos, start, visible, c, block_size)
+            masks = [w if r else m for m, w, r in zip(masks, windowed, in_ring)]
+        self.masks = masks
+        return self
+
+    def _masks(self, q_pos, start, visible, c: int, block_size: int) -> list[torch.Tensor]:
+        """Each layer's [bs, 1, Bd, C + Bd] mask over a gather of C context positions from
+        `start` [bs] (the first `visible` [bs] of them valid) and the block at `q_pos` [bs, Bd]."""
+        cols = torch.arange(c, device=q_pos.device)
         k_pos = torch.cat([start[:, None] + cols, q_pos], dim=1)  # [bs, C + Bd], absolute
         k_valid = torch.cat(
             [cols[None, :] < visible[:, None], torch.ones_like(q_pos, dtype=torch.bool)], dim=1
         )  # [bs, C + Bd]
-        masks: dict[tuple, torch.Tensor] = {}
-        self.masks = []
+        by_kind: dict[tuple, torch.Tensor] = {}
+        masks = []
         for layer_id in range(self.config.num_hidden_layers):
             kind = (self.config.layer_is_causal(layer_id), self.config.layer_window(layer_id))
-            if kind not in masks:
-                masks[kind] = visibility(q_pos, k_pos, k_valid, causal=kind[0], window=kind[1])[:, None]
-            self.masks.append(masks[kind])  # [bs, 1, Bd, C + Bd]
-        return self
+            if kind not in by_kind:
+                by_kind[kind] = visibility(q_pos, k_pos, k_valid, causal=kind[0], window=kind[1])[:, None]
+            masks.append(by_kind[kind])  # [bs, 1, Bd, C + Bd]
+        return masks
 
     def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q [bs*Bd, heads, d], k/v [bs*Bd, kv_heads, d] -> [bs*Bd, heads, d]

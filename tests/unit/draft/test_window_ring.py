@@ -124,8 +124,8 @@ def test_a_windowed_layer_in_its_ring_attends_as_over_every_token():
             server.attention_outputs(server.full, reqs),
             server.attention_outputs(server.ringed, reqs),
         )
-        for layer in range(2):
-            torch.testing.assert_close(ringed[layer], full[layer], rtol=0, atol=0)
+        for layer in range(2):  # the ring's gather is narrower: SDPA sums in another order
+            torch.testing.assert_close(ringed[layer], full[layer], rtol=1e-5, atol=1e-6)
     # The ring holds R rows of each request slot instead of a row per target slot.
     assert server.ringed.ring_k.shape == (1, 4 * (WINDOW + BLOCK) + 1, KV_HEADS, HEAD_DIM)
     assert server.ringed.k.shape[0] == 1  # the full layer only
@@ -139,7 +139,7 @@ def test_a_ring_shorter_than_the_window_reads_overwritten_rows():
     server = Server(rows_per_request=WINDOW - 2)
     reqs = _schedule(server)[-1]
     full, ringed = server.attention_outputs(server.full, reqs), server.attention_outputs(server.ringed, reqs)
-    torch.testing.assert_close(ringed[1], full[1], rtol=0, atol=0)
+    torch.testing.assert_close(ringed[1], full[1], rtol=1e-5, atol=1e-6)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(ringed[0], full[0])
 
