@@ -55,6 +55,9 @@ CONFIGS = [
     ("q35vl", 4, True, "fixed"),
     ("q35moevl", 4, True, "fixed"),
     ("next", 4, True, "adaptive-decode"),
+    # Draft "a" re-declared sliding (window 16) with the window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL;
+    # tests/engine/test_window_pool.py): the ring beside a hybrid pool and its radix cache.
+    ("q35", 4, True, "window-ring"),
     # The demonstration that the comparison can fail: one more engine, with --run-slow only.
     pytest.param(("q35", 4, False, "fixed"), marks=pytest.mark.slow),
 ]
@@ -130,6 +133,16 @@ def test_engine_matches_transformers(tiny, reference, name):
             torch.testing.assert_close(torch.tensor(reference[name]["scored"][i]), want, atol=1e-4, rtol=0)
 
 
+def _sliding(window: int):
+    def edit(config: dict) -> None:
+        layers = config["num_hidden_layers"]
+        config.update(
+            layer_types=["sliding_attention"] * layers, sliding_window=window, use_sliding_window=True
+        )
+
+    return edit
+
+
 @pytest.fixture(
     scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}{'' if c[2] else '-no-commit'}-{c[3]}"
 )
@@ -139,6 +152,10 @@ def dflash(request, tiny, reference):
         os.environ["SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT"] = "1"
     if mode == "adaptive-decode":
         os.environ["SGLANG_DFLASH_WIDTH1_FORWARD"] = "decode"
+    draft = tiny.draft("a")
+    if mode == "window-ring":
+        os.environ["SGLANG_DFLASH_DRAFT_WINDOW_POOL"] = "1"
+        draft = tiny.edited_draft("a", "sliding-16", _sliding(16))
     try:
         flags = (
             {k: v for k, v in HYBRID.items() if "mamba" not in k and "overlap" not in k}
@@ -148,11 +165,11 @@ def dflash(request, tiny, reference):
         # Every engine's Mamba pool is sized, the default-flag ones included (tests/support/engines.py).
         flags = {**flags, **engines.MAMBA_CACHE}
         engine = engines.start(
-            tiny.hybrid_target(name), tiny.draft("a"), width, fixed_width=mode == "fixed", **flags
+            tiny.hybrid_target(name), draft, width, fixed_width=mode in ("fixed", "window-ring"), **flags
         )
     finally:
-        os.environ.pop("SGLANG_DFLASH_TEST_SKIP_STATE_COMMIT", None)
-        os.environ.pop("SGLANG_DFLASH_WIDTH1_FORWARD", None)
+        for knob in ("TEST_SKIP_STATE_COMMIT", "WIDTH1_FORWARD", "DRAFT_WINDOW_POOL"):
+            os.environ.pop(f"SGLANG_DFLASH_{knob}", None)
     idle = engines.load(engine)
     yield name, commit, mode, engine
     # Everything below ran on this engine: KV and mamba slots must be back at idle.
@@ -205,9 +222,9 @@ def test_prefix_cache_round_and_abort(dflash, reference):
 
 
 def test_sampled_distribution_matches_the_target(dflash, reference):
-    name, commit, _, engine = dflash
-    if name != "q35" or not commit:
-        pytest.skip("sampled on one target")
+    name, commit, mode, engine = dflash
+    if name != "q35" or not commit or mode == "window-ring":
+        pytest.skip("sampled on one target, one engine")
     got = [tuple(o["output_ids"]) for o in engines.generate(engine, [SAMPLE_PROMPT] * N_SAMPLES, SAMPLED, 50)]
     want = reference[name]["samples"]
     assert len({s[1] for s in want}) >= 6 and got.count(want[0]) < N_SAMPLES  # the test has power
