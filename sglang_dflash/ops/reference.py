@@ -150,6 +150,7 @@ def fused_context_kv(
     return k.transpose(0, 1), v.transpose(0, 1)
 
 
+@torch.no_grad()
 def fused_inject_reference(
     target_features: torch.Tensor,
     positions: torch.Tensor,
