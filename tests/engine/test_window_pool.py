@@ -27,6 +27,7 @@ pytestmark = pytest.mark.sglang
 
 WINDOW = 32
 GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
+SEEDED = {"max_new_tokens": 96, "temperature": 0.8, "ignore_eos": True, "sampling_seed": 11}
 ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.05, chunked_prefill_size=24)
 DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
 RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
@@ -60,8 +61,9 @@ def prompt_ids() -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in tiny_pair_prompts()[:8]]
 
 
-def _run(env: dict, prompt_ids, draft=None, again=(), **engine_args):
-    """Outputs, server info, and the outputs of `again` (prompts re-sent: radix-cache hits)."""
+def _run(env: dict, prompt_ids, draft=None, again=(), sampled=False, **engine_args):
+    """Outputs, server info, the outputs of `again` (prompts re-sent: radix-cache hits) and
+    server info after them; with `sampled`, then seeded sampled outputs of four prompts."""
     target = tiny_pair()[0]
     kwargs = dict(ENGINE, model_path=target, **engine_args)
     if draft is not None:
@@ -75,7 +77,8 @@ def _run(env: dict, prompt_ids, draft=None, again=(), **engine_args):
         info = engine.get_server_info()
         repeated = engines.generate(engine, list(again), GREEDY, 2) if again else []
         after = engine.get_server_info()
-        return out, info, repeated, after
+        samples = engines.generate(engine, prompt_ids[4:8], SEEDED, 4) if sampled else []
+        return out, info, repeated, after, samples
     finally:
         engines.shutdown(engine)
 
@@ -86,8 +89,8 @@ def runs(prompt_ids, tmp_path_factory):
     again = prompt_ids[:2]
     return {
         "plain": _run({}, prompt_ids),
-        "every-token": _run(DFLASH, prompt_ids, draft, again),
-        "ring": _run(RING, prompt_ids, draft, again),
+        "every-token": _run(DFLASH, prompt_ids, draft, again, sampled=True),
+        "ring": _run(RING, prompt_ids, draft, again, sampled=True),
         # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py). And a
         # radix-cache hit there reuses its whole prefix (the test aid): the window goes missing.
         "ring-tp2": _run(TP2_WITHOUT_REPREFILL, prompt_ids[:4], draft, again, tp_size=2),
@@ -112,6 +115,15 @@ def test_the_ring_proposes_what_the_store_of_every_token_proposes(runs):
     hist = [o["meta_info"]["spec_correct_drafts_histogram"] for o in ring]
     assert hist == [o["meta_info"]["spec_correct_drafts_histogram"] for o in every]
     assert sum(sum(n * c for n, c in enumerate(h)) for h in hist) > 0  # drafts were accepted
+
+
+def test_seeded_sampling_gives_the_store_of_every_tokens_samples(runs):
+    """Sampled verification draws the same numbers for the same seed, and the ring proposes what
+    the store of every token proposes: the same sampled tokens (the sampling itself against the
+    target's distribution: tests/engine/test_sampling.py)."""
+    ring, every = runs["ring"][4], runs["every-token"][4]
+    assert _ids(ring) == _ids(every)
+    assert len({tuple(ids) for ids in _ids(ring)}) == 4
 
 
 def test_each_tensor_parallel_rank_keeps_its_heads_ring(runs):
@@ -143,7 +155,7 @@ def test_a_radix_cache_hit_re_prefills_the_window_and_proposes_as_todays_store(r
     last 32 tokens, which the target prefills again, filling the new request slot's ring. The
     same tokens, the same proposals as the store of every token makes on its cache hit (which
     holds the prefix's draft K/V), and no request drafts without its window."""
-    plain, (_, info, repeated, after) = runs["plain"][0], runs["ring"]
+    plain, (_, info, repeated, after, _) = runs["plain"][0], runs["ring"]
     assert _ids(repeated) == _ids(plain[:2])
     hist = [o["meta_info"]["spec_correct_drafts_histogram"] for o in repeated]
     assert hist == [o["meta_info"]["spec_correct_drafts_histogram"] for o in runs["every-token"][2]]
@@ -155,7 +167,7 @@ def test_a_radix_cache_hit_without_the_re_prefill_is_lossless_and_counted(runs):
     """The check can fail: with the re-prefill switched off (SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL)
     the hit reuses all but the last token, whose window the new slot's ring does not hold:
     each request is counted, with its window's 31 positions before that token."""
-    plain, (_, info, repeated, after) = runs["plain"][0], runs["ring-tp2"]
+    plain, (_, info, repeated, after, _) = runs["plain"][0], runs["ring-tp2"]
     assert _ids(repeated) == _ids(plain[:2])
     before, now = _misses(info), _misses(after)
     assert now["requests"] - before["requests"] == 2
