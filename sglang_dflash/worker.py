@@ -169,6 +169,16 @@ class DFlashWorker(BaseSpecWorker):
         draft_budget.declare(self.runtime.window_budget(reprefill=not self.knobs.skip_window_reprefill))
         return WindowMisses(self.runtime.window_reach)
 
+    def _windowed_line(self) -> str:
+        """Which draft layers are windowed, and what they keep (`draft/window_ring.py`)."""
+        layers = list(self.runtime.window_layers)
+        if not layers:
+            return "none"
+        if self.window_misses is None:
+            return f"{layers}, K/V for every token (SGLANG_DFLASH_DRAFT_WINDOW_POOL=0)"
+        rows, reach = self.runtime.window_ring(1).rows_per_request, self.runtime.window_reach
+        return f"{layers}, a window ring of {rows} rows per request slot (reach {reach} + block)"
+
     def _log_start_up(self) -> None:
         """One line: what serves DFLASH here, each field from the component that owns it."""
         fields = self.runtime.describe() + [
@@ -177,6 +187,7 @@ class DFlashWorker(BaseSpecWorker):
             ("hidden_states", self.returns_hidden_states),
             ("linear_attention_state_commit", self.linear_state is not None),
             ("width1_injection", f"off ({self._why_not_deferred})" if self.deferred is None else "deferred"),
+            ("draft_kv_windowed_layers", self._windowed_line()),
         ]
         line = " ".join(f"{name}={value}" for name, value in fields)
         aids = "".join(f" [{aid}]" for aid in self.knobs.aids_on())

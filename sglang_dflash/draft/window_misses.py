@@ -9,7 +9,8 @@ committed `reach` tokens of its own. Each such request is counted, with its miss
 for server info (`dflash_window_misses`), with a warning the first time.
 
 Host bookkeeping on the extend's request list, per request (never per token): slot -> the
-request that extends in it, the first position it wrote there, and whether its window was
+admission of the request that extends in it (a retracted request admitted again is another,
+whose rows are still there if it comes back to the same slot before another request), the first position it wrote there, and whether its window was
 judged. A request is judged at the extend that completes its prefill (its last chunk: the
 first draft follows), once: the positions of its window [max(0, end - reach), end) that lie
 before the first one it wrote are missing.
@@ -32,16 +33,20 @@ class WindowMisses:
         self.reach = reach  # the longest windowed layer's reach
         self.requests = 0  # requests that drafted without part of their window
         self.positions = 0  # positions missing, over those requests
-        # request slot -> [rid extending there, the first position it wrote, judged]
+        # request slot -> [(rid, retractions) of the admission extending there, the first
+        # position it wrote, judged]: a retracted request admitted again is a new admission.
         self._slots: dict[int, list] = {}
 
     def extend(self, reqs: Sequence, prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> None:
         """An extend of `reqs` (SGLang's `Req`s, in the batch's order; `req.kv.req_pool_idx`:
         its slot) from `prefix_lens`, for `extend_lens` tokens each."""
         for req, prefix, length in zip(reqs, prefix_lens, extend_lens):
+            admission = (req.rid, req.retraction_count)
             record = self._slots.get(req.kv.req_pool_idx)
-            if record is None or record[0] != req.rid:
-                record = self._slots[req.kv.req_pool_idx] = [req.rid, prefix, False]
+            if record is None or record[0][0] != req.rid:  # another request wrote the slot last
+                record = self._slots[req.kv.req_pool_idx] = [admission, prefix, False]
+            elif record[0] != admission:  # retracted, and back in its slot: its rows are still there
+                record[0], record[2] = admission, False
             end = prefix + length
             if record[2] or end < len(req.origin_input_ids) + len(req.output_ids):
                 continue  # judged already (a decode mixed in), or more prefill chunks to come

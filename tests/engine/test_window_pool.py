@@ -28,7 +28,7 @@ pytestmark = pytest.mark.sglang
 WINDOW = 32
 GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
 SEEDED = {"max_new_tokens": 96, "temperature": 0.8, "ignore_eos": True, "sampling_seed": 11}
-ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.05, chunked_prefill_size=24)
+ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.08, chunked_prefill_size=24)
 DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
 RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
 TP2_WITHOUT_REPREFILL = {
@@ -89,8 +89,9 @@ def runs(prompt_ids, tmp_path_factory):
     again = prompt_ids[:2]
     return {
         "plain": _run({}, prompt_ids),
-        "every-token": _run(DFLASH, prompt_ids, draft, again, sampled=True),
+        # The ring right after the plain engine: both measure the memory as free as it gets.
         "ring": _run(RING, prompt_ids, draft, again, sampled=True),
+        "every-token": _run(DFLASH, prompt_ids, draft, again, sampled=True),
         # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py). And a
         # radix-cache hit there reuses its whole prefix (the test aid): the window goes missing.
         "ring-tp2": _run(TP2_WITHOUT_REPREFILL, prompt_ids[:4], draft, again, tp_size=2),
@@ -172,3 +173,25 @@ def test_a_radix_cache_hit_without_the_re_prefill_is_lossless_and_counted(runs):
     before, now = _misses(info), _misses(after)
     assert now["requests"] - before["requests"] == 2
     assert now["positions"] - before["positions"] == 2 * (WINDOW - 1)
+
+
+def _engine(env: dict, draft: str, **engine_args):
+    import sglang as sgl
+
+    kwargs = dict(ENGINE, model_path=tiny_pair()[0], speculative_algorithm="DFLASH")
+    kwargs.update(speculative_draft_model_path=draft, **engine_args)
+    with mock.patch.dict(os.environ, env):
+        return sgl.Engine(**kwargs)
+
+
+def test_two_data_parallel_replicas_each_keep_a_ring(runs, prompt_ids, tmp_path):
+    env = {**RING, "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}  # one core per replica
+    engine = _engine(env, _all_sliding(tiny_pair()[1], tmp_path), dp_size=2)
+    try:
+        got = engines.generate(engine, prompt_ids[:4], GREEDY, 4)
+        states = engine.get_server_info()["internal_states"]
+    finally:
+        engines.shutdown(engine)
+    assert _ids(got) == _ids(runs["plain"][0][:4])
+    assert [s["dflash_draft_kv"]["sliding_layers_windowed"] for s in states] == [True, True]
+    assert {o["meta_info"]["dp_rank"] for o in got} == {0, 1}

@@ -163,6 +163,7 @@ class _Req:
     def __init__(self, rid: str, slot: int, prompt_len: int):
         self.rid, self.kv = rid, SimpleNamespace(req_pool_idx=slot)
         self.origin_input_ids, self.output_ids = [0] * prompt_len, []
+        self.retraction_count = 0
 
 
 def test_window_misses_count_requests_that_draft_without_part_of_their_window():
@@ -182,3 +183,10 @@ def test_window_misses_count_requests_that_draft_without_part_of_their_window():
     misses.extend([c], [22], [20])  # its window starts at 10, after them
     misses.extend([_Req("d", 1, 11)], [10], [1])  # slot 1 last written by c: 10 missing
     assert misses.describe() == {"requests": 2, "positions": 22}
+    b.retraction_count, b.output_ids = 1, [7] * 10  # b retracted, back in its slot: judged again,
+    misses.extend([b], [129], [1])  # its rows from 100 on still there: 98 and 99 missing
+    assert misses.describe() == {"requests": 3, "positions": 24}
+    b.retraction_count = 2
+    misses.extend([_Req("e", 2, 5)], [0], [5])
+    misses.extend([b], [129], [1])  # back after e wrote the slot: 31 missing
+    assert misses.describe() == {"requests": 4, "positions": 55}
