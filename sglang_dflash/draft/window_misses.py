@@ -10,10 +10,10 @@ for server info (`dflash_window_misses`), with a warning the first time.
 
 Host bookkeeping on the extend's request list, per request (never per token): slot -> the
 admission of the request that extends in it (a retracted request admitted again is another,
-whose rows are still there if it comes back to the same slot before another request), the
-first position it wrote there, and whether its window was judged. A request is judged at the extend that completes its prefill (its last chunk: the
-first draft follows), once: the positions of its window [max(0, end - reach), end) that lie
-before the first one it wrote are missing.
+whose rows are still there if it comes back to the same slot before another request), the first
+position it wrote there, and whether its window was judged. A request is judged at the extend
+that completes its prefill (its last chunk: the first draft follows), once: the positions of
+its window [max(0, end - reach), end) that lie before the first one it wrote are missing.
 
 E.g., reach 32: a request admitted with a cached prefix of 100 tokens and 20 new ones (in
 chunks of 8 and 12) -> at the second chunk, 12 positions missing (88..99); a request with a
