@@ -143,6 +143,7 @@ ARCHS = Parser("a list of SM versions separated by ';' (e.g. 90;100a)", _archs, 
 IMPL = choice({"sglang-dflash": "sglang-dflash", BUILTIN: BUILTIN}, fold=lambda text: text.strip().lower())
 WIDTH1_FORWARD = choice({"decode": "decode", "verify": "verify"})
 VERIFY_GRAPHS = choice({"0": "off", "eager": "eager"})
+WINDOW_POOL = choice({"auto": "auto", "0": "off", "1": "on"})
 OPS = choice({"auto": "auto", "reference": "reference", "cuda": "cuda"})
 CPU_VERIFY_ATTENTION = choice({"batched": "batched", "per-request": "per-request"})
 GEOMETRIC = choice({"geometric": "geometric"})
@@ -197,9 +198,11 @@ REGISTRY: tuple[Knob, ...] = (
          "deferred_injection",
          "steps without draft queue their tokens' draft K/V for one bulk injection before the next draft "
          "(0: inject at once)"),
-    Knob("SGLANG_DFLASH_DRAFT_WINDOW_POOL", SERVING, SWITCH, False, "draft/window_ring.py", "window_pool",
-         "1: the draft's windowed layers keep each request's last window + block only, and the target's "
-         "pool gets the rest (CPU; docs/serving.md); 0: K/V for every token"),
+    Knob("SGLANG_DFLASH_DRAFT_WINDOW_POOL", SERVING, WINDOW_POOL, "auto", "draft/window_ring.py",
+         "window_pool",
+         "auto: the draft's windowed layers keep each request's last window + block only where that gives "
+         "the target's pool more tokens and the server serves it (CPU; docs/serving.md), the choice logged; "
+         "1: always (refused by name where it cannot); 0: K/V for every token"),
     Knob("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", SERVING, SWITCH, True, "draft/step.py", "draft_graphs",
          "the draft step replays CUDA graphs where it can (0: always eager)"),
     Knob("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", SERVING, PLAN_FREE, PLAN_FREE_MAX_LEN, "draft/step.py",
@@ -341,7 +344,7 @@ class Knobs:
     fair_slack: Optional[float] = FAIR_SLACK  # None: off
     width1_forward: Optional[Width1Forward] = None  # None: the cheaper where known
     deferred_injection: bool = True
-    window_pool: bool = False
+    window_pool: str = "auto"  # "auto", "on" or "off"
     draft_graphs: bool = True
     draft_plan_free: Optional[int] = PLAN_FREE_MAX_LEN  # None: no plan-free graphs
     verify_graphs: VerifyGraphs = "on"

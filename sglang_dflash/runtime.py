@@ -259,7 +259,7 @@ class DraftRuntime:
         `target_kv_pool`: the target's KV pool, whose slot ids the store shares; `seed`: SGLang's
         random seed, broadcast from rank 0 (the same on every tensor-parallel rank);
         `transfers_draft_kv`: PD transfer registers the draft's pool; `window_pool`: the
-        windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL), which SGLang's
+        windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL's choice), which SGLang's
         budget set aside (`integration/draft_budget.py`)."""
         # Same slot-id space as the target pool (SGLang budgeted the draft's bytes per token
         # into the target pool's cell size, so this is the memory it set aside for us).
@@ -314,13 +314,6 @@ class DraftRuntime:
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
         logger.info("DFLASH draft attention: %s; context-KV injection: %s", self.attention_name, injection)
         logger.info("DFLASH draft KV store (%s): %s", self.store.k.dtype, self.kv_plan.describe())
-        if self.kv_plan.sliding_layers and ring is None:  # memory the target could have had: say so
-            logger.warning(
-                "DFLASH draft KV: sliding layers %s keep K/V for every token (%.1f MiB), "
-                "not only their window (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 keeps the window only)",
-                list(self.kv_plan.sliding_layers),
-                num_slots * self.kv_plan.sliding_bytes_per_token / 2**20,
-            )
 
     @property
     def window_layers(self) -> tuple[int, ...]:
@@ -331,12 +324,15 @@ class DraftRuntime:
         """The ring of the windowed layers for `num_requests` request slots."""
         return WindowRing.for_reach(self.window_reach, self.block_size, num_requests)
 
-    def window_budget(self, reprefill: bool = True) -> DraftBudget:
+    def window_budget(self, reprefill: bool = True, auto: bool = False) -> DraftBudget:
         """What the draft's K/V costs with a window ring (`integration/draft_budget.py`);
-        `reprefill`: a radix-cache hit re-prefills the window (off: a test aid)."""
+        `reprefill`: a radix-cache hit re-prefills the window (off: a test aid); `auto`: the
+        target's budget keeps the ring only where its pool gains."""
         plan = self._kv_plan(0)
         per_request = self.window_ring(1).rows_per_request * plan.sliding_bytes_per_token
-        return DraftBudget(len(plan.reach), len(plan.full_layers), per_request, self.window_reach, reprefill)
+        return DraftBudget(
+            len(plan.reach), len(plan.full_layers), per_request, self.window_reach, reprefill, auto
+        )
 
     @property
     def window_reach(self) -> int:

@@ -124,9 +124,11 @@ class DFlashWorker(BaseSpecWorker):
         self.runtime = DraftRuntime.from_spec(
             spec, get_model().load_format, runner, target_worker.tokenizer, self.tp, self.knobs
         )
-        # SGLANG_DFLASH_DRAFT_WINDOW_POOL: the windowed layers keep a window ring, which the
-        # target's pool budget (sized after this) sets aside; None: K/V for every token.
-        self.window_misses = self._window_pool(server_args) if self.knobs.window_pool else None
+        # SGLANG_DFLASH_DRAFT_WINDOW_POOL: whether the windowed layers may keep a window ring,
+        # which the target's pool budget (sized after this) sets aside, and under auto decides
+        # on; `alloc_memory_pool` reads the decision. None: it may.
+        self.why_no_window_ring = self._window_pool(server_args)
+        self.window_misses = None  # with a window ring: the drafts over positions it does not hold
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
             self.num_draft_tokens, self.device, self.tp.size, self.knobs, self.metrics
@@ -154,8 +156,13 @@ class DFlashWorker(BaseSpecWorker):
         self._inject_committed = skipped if self.knobs.skip_decode_injection else self._inject_committed_kv
         self._log_start_up()
 
-    def _window_pool(self, server_args) -> WindowMisses:
-        """Refuse by name what the window ring does not serve; declare its budget."""
+    def _window_pool(self, server_args) -> Optional[str]:
+        """Why the windowed layers keep K/V for every token (None: a window ring is declared to
+        the target's budget). SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 refuses by name what the ring
+        does not serve; auto keeps the store of every token there, and says why."""
+        mode = self.knobs.window_pool
+        if mode == "off":
+            return "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"
         reason = why_not_window_pool(
             device_type=torch.device(self.device).type,
             windowed_layers=self.runtime.window_layers,
@@ -164,20 +171,28 @@ class DFlashWorker(BaseSpecWorker):
             page_size=int(server_args.page_size or 1),
             kv_dtype=resolve_draft_kv_dtype(self.runtime.dtype),
         )
-        if reason is not None:
+        if reason is not None and mode == "on":
             raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
-        draft_budget.declare(self.runtime.window_budget(reprefill=not self.knobs.skip_window_reprefill))
-        return WindowMisses(self.runtime.window_reach)
+        if reason is not None:
+            return reason
+        budget = self.runtime.window_budget(
+            reprefill=not self.knobs.skip_window_reprefill, auto=mode == "auto"
+        )
+        draft_budget.declare(budget)
+        return None
 
     def _windowed_line(self) -> str:
         """Which draft layers are windowed, and what they keep (`draft/window_ring.py`)."""
         layers = list(self.runtime.window_layers)
         if not layers:
             return "none"
-        if self.window_misses is None:
-            return f"{layers}, K/V for every token (SGLANG_DFLASH_DRAFT_WINDOW_POOL=0)"
+        if self.why_no_window_ring is not None:
+            return f"{layers}, K/V for every token ({self.why_no_window_ring})"
         rows, reach = self.runtime.window_ring(1).rows_per_request, self.runtime.window_reach
-        return f"{layers}, a window ring of {rows} rows per request slot (reach {reach} + block)"
+        ring = f"a window ring of {rows} rows per request slot (reach {reach} + block)"
+        if self.knobs.window_pool == "auto":
+            return f"{layers}, {ring} where the target's pool gains (decided as SGLang sizes it)"
+        return f"{layers}, {ring}"
 
     def _log_start_up(self) -> None:
         """One line: what serves DFLASH here, each field from the component that owns it."""
@@ -238,6 +253,9 @@ class DFlashWorker(BaseSpecWorker):
     ):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        ring = draft_budget.ring_chosen()  # the target's budget has set it aside
+        if not ring and self.why_no_window_ring is None:
+            self.why_no_window_ring = draft_budget.declined()
         self.runtime.allocate(
             req_to_token_pool.req_to_token,
             self.model_runner.token_to_kv_pool,
@@ -245,8 +263,18 @@ class DFlashWorker(BaseSpecWorker):
             enable_memory_saver=get_exec().features.enable_memory_saver,
             transfers_draft_kv=not self.knobs.skip_draft_transfer,
             metrics=self.metrics,
-            window_pool=self.knobs.window_pool,
+            window_pool=ring,
         )
+        if ring:
+            self.window_misses = WindowMisses(self.runtime.window_reach)
+        elif self.runtime.kv_plan.sliding_layers:  # memory the target could have had: say why
+            logger.warning(
+                "DFLASH draft KV: sliding layers %s keep K/V for every token (%.1f MiB), not only their "
+                "window: %s",
+                list(self.runtime.kv_plan.sliding_layers),
+                self.runtime.kv_plan.store_slots * self.runtime.kv_plan.sliding_bytes_per_token / 2**20,
+                self.why_no_window_ring,
+            )
 
     def init_cuda_graphs(self):
         """SGLang's last start-up hook, after the target's attention backends and graphs: the

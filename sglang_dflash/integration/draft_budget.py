@@ -12,6 +12,13 @@ worker declares that split (`declare`) before the pools are sized, and two hooks
   most request slots SGLang can give the target (`--max-running-requests` per DP worker, else
   the 4096 that `resolve_max_num_reqs` caps at), plus its padding row and the sink.
 
+Under SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto (the default) the second hook decides, once, with
+SGLang's own pool configurator: the ring is kept where the target's pool gets more tokens with
+it than with the store of every token (`--max-total-tokens` capping both). Else the cell goes
+back to SGLang's, and the decision and its numbers are logged (`declined`). A ring is a fixed
+cost per request slot; at 4096 slots a window of 2048 costs 8.4M rows a layer, more than most
+pools hold: `--max-running-requests` is what makes it pay.
+
 And one on the radix cache: a request that reuses a cached prefix re-prefills its last `reach`
 tokens (`reprefill_hook`), so that its ring holds the window before it drafts.
 
@@ -38,6 +45,7 @@ class DraftBudget:
     ring_bytes_per_request: int  # the windowed layers' ring rows of one request slot, K and V
     reach: int = 0  # the longest windowed layer's reach: a cached prefix's tail re-prefilled
     reprefill: bool = True  # False: SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL
+    auto: bool = False  # SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto: the ring only where the target gains
 
     def cell_size(self, all_layers: int) -> int:
         """The bytes per token the full layers cost, from SGLang's for every layer."""
@@ -52,6 +60,8 @@ class DraftBudget:
 
 _declared: Optional[DraftBudget] = None
 _set_aside: Optional[int] = None  # the ring bytes the target's budget left out
+_every_token_cell: Optional[int] = None  # SGLang's draft cell, every layer per token (the cell hook)
+_declined: Optional[str] = None  # why `auto` kept the store of every token
 
 
 def declare(budget: Optional[DraftBudget]) -> None:
@@ -79,11 +89,27 @@ def declared() -> Optional[DraftBudget]:
     return _declared
 
 
+def declined() -> Optional[str]:
+    """Why SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto kept the store of every token (None: it did not)."""
+    return _declined
+
+
+def ring_chosen() -> bool:
+    """At the draft's allocation: whether its windowed layers keep a window ring."""
+    if _declared is None:
+        return False
+    if _set_aside is None:  # the cell was cut for a ring no budget set aside: refused (`check_set_aside`)
+        check_set_aside(0)
+    return True
+
+
 def cell_size_hook(original, **kwargs):
     """AROUND `draft_kv_budget.resolve_dflash_draft_cell_size`."""
     cell = original(**kwargs)
     if _declared is None or cell is None:
         return cell
+    global _every_token_cell
+    _every_token_cell = int(cell)
     return _declared.cell_size(int(cell))
 
 
@@ -107,7 +133,12 @@ def available_bytes_hook(original, self, pre_model_load_memory: int) -> int:
 
     global _set_aside
     ring = _declared.ring_bytes(get_schedule().max_running_requests, self.attn_dp_size)
-    if ring >= available:
+    if _declared.auto:
+        why = _why_the_ring_does_not_pay(self, available, ring)
+        if why is not None:
+            _decline(self, why)
+            return available
+    elif ring >= available:
         raise ValueError(
             f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1: the draft's window ring ({ring / 2**20:.1f} MiB) leaves "
             f"nothing of {available / 2**20:.1f} MiB for the KV pools: lower --max-running-requests, "
@@ -121,6 +152,55 @@ def available_bytes_hook(original, self, pre_model_load_memory: int) -> int:
     )
     _set_aside = ring
     return available - ring
+
+
+def pool_tokens(configurator, budget_bytes: int) -> int:
+    """The target's pool tokens SGLang's own pool configurator makes of `budget_bytes` at the
+    configurator's draft cell, capped by --max-total-tokens (`config_from_budget`'s sizing,
+    without its cross-rank agreement: every rank runs this on the agreed budget)."""
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+    from sglang.srt.runtime_context import get_schedule
+
+    schedule = get_schedule()
+    sizes = create_memory_pool_configurator(configurator).calculate_pool_sizes(
+        budget_bytes, schedule.page_size
+    )
+    tokens = int(sizes.max_total_num_tokens)
+    return min(tokens, schedule.max_total_tokens) if schedule.max_total_tokens else tokens
+
+
+def _why_the_ring_does_not_pay(configurator, available: int, ring: int) -> Optional[str]:
+    """None where the target's pool gets more tokens with the ring than with the store of every
+    token; else why not, with both counts."""
+    if _every_token_cell is None:
+        return "SGLang charges the draft nothing per token here"
+    if ring >= available:
+        return f"the ring ({ring / 2**20:.1f} MiB) would take the whole budget ({available / 2**20:.1f} MiB)"
+    ring_cell = configurator.dflash_draft_cell_size_per_token  # the full layers' share (`cell_size_hook`)
+    with_ring = pool_tokens(configurator, available - ring)
+    configurator.dflash_draft_cell_size_per_token = _every_token_cell
+    every_token = pool_tokens(configurator, available)
+    configurator.dflash_draft_cell_size_per_token = ring_cell
+    if with_ring <= every_token:
+        return (
+            f"the target's pool would hold {with_ring} tokens with the ring ({ring / 2**20:.1f} MiB), "
+            f"{every_token} with K/V for every token (lower --max-running-requests to make it pay)"
+        )
+    logger.info(
+        "DFLASH draft KV: window ring chosen (SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto): the target's pool "
+        "holds %d tokens with it, %d with K/V for every token",
+        with_ring,
+        every_token,
+    )
+    return None
+
+
+def _decline(configurator, why: str) -> None:
+    """`auto` keeps the store of every token: SGLang's cell, no ring, no re-prefill."""
+    global _declared, _declined
+    configurator.dflash_draft_cell_size_per_token = _every_token_cell
+    _declared, _declined = None, why
+    logger.info("DFLASH draft KV: no window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto): %s", why)
 
 
 def why_not_window_pool(

@@ -227,7 +227,12 @@ def _add_speculative_state(original, self, state):
             state["dflash_proposals"] = runtime.proposer.name
             state["dflash_draft_weights"] = runtime.weights_line()  # fp8: dequantised at load
             if runtime.kv_plan is not None:  # full and sliding layers' bytes per token, apart
-                state["dflash_draft_kv"] = runtime.kv_plan.server_info()
+                # and why the sliding layers keep K/V for every token (SGLANG_DFLASH_DRAFT_WINDOW_POOL)
+                why_no_ring = getattr(worker, "why_no_window_ring", None)
+                state["dflash_draft_kv"] = {
+                    **runtime.kv_plan.server_info(),
+                    "window_ring_why_not": why_no_ring,
+                }
             if runtime.last_tokens is not None:  # LiLiCorr: a missing last-token feature costs acceptance
                 state["dflash_lilicorr_last_tokens"] = runtime.last_tokens.describe()
         window = getattr(worker, "grammar_window", None)

@@ -20,7 +20,7 @@ def declared():
     draft_budget.declare(budget)
     yield budget
     draft_budget.declare(None)
-    draft_budget._set_aside = None
+    draft_budget._set_aside = draft_budget._declined = draft_budget._every_token_cell = None
 
 
 def test_the_cell_keeps_the_full_layers_share_and_never_zero():
@@ -76,3 +76,86 @@ def test_what_the_window_pool_refuses_by_name():
     }
     for field, (value, named) in refused.items():
         assert named in why_not_window_pool(**{**ok, field: value}), field
+
+
+# ------------------------------------------------------- SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto
+
+
+def _auto_budget(monkeypatch, max_total_tokens=None):
+    """The shipped draft all-sliding under `auto`, beside a target of 1000 B per token: SGLang's
+    pool sizing stood in for by bytes // (target + draft cell), capped by --max-total-tokens."""
+    from sglang.srt import runtime_context
+
+    draft_budget.declare(DraftBudget(2, 0, 48 * 2048, reach=32, auto=True))
+    schedule = SimpleNamespace(max_running_requests=32, max_total_tokens=max_total_tokens, page_size=1)
+    monkeypatch.setattr(runtime_context, "get_schedule", lambda: schedule)
+
+    def pool_tokens(configurator, budget_bytes):
+        tokens = budget_bytes // (1000 + configurator.dflash_draft_cell_size_per_token)
+        return min(tokens, max_total_tokens) if max_total_tokens else tokens
+
+    monkeypatch.setattr(draft_budget, "pool_tokens", pool_tokens)
+    configurator = SimpleNamespace(
+        is_draft_worker=False, spec_algorithm=SimpleNamespace(is_dflash_family=lambda: True), attn_dp_size=1
+    )
+    # What KVCacheConfigurator.__post_init__ does: SGLang's cell for both layers, through the hook.
+    configurator.dflash_draft_cell_size_per_token = draft_budget.cell_size_hook(lambda **kw: 2048)
+    return configurator
+
+
+@pytest.fixture
+def undeclare():
+    yield
+    draft_budget.declare(None)
+    draft_budget._set_aside = draft_budget._declined = draft_budget._every_token_cell = None
+
+
+def test_auto_keeps_the_ring_where_the_target_gets_more_tokens(monkeypatch, undeclare):
+    configurator = _auto_budget(monkeypatch)
+    ring = 34 * 48 * 2048
+    assert draft_budget.available_bytes_hook(lambda self, pre: 10**8, configurator, 0) == 10**8 - ring
+    assert configurator.dflash_draft_cell_size_per_token == 1  # (10**8 - ring) // 1001 > 10**8 // 3048
+    assert draft_budget.ring_chosen() and draft_budget.declined() is None
+    assert draft_budget.reprefill_hook(lambda self, req: 0, None) == 32
+
+
+def test_auto_keeps_the_store_of_every_token_where_the_ring_gains_nothing(monkeypatch, undeclare):
+    """--max-total-tokens caps both pools at 20,000 tokens: the ring would cost memory for none.
+    The cell goes back to SGLang's, nothing is set aside, a cache hit re-prefills nothing."""
+    configurator = _auto_budget(monkeypatch, max_total_tokens=20000)
+    assert draft_budget.available_bytes_hook(lambda self, pre: 10**8, configurator, 0) == 10**8
+    assert configurator.dflash_draft_cell_size_per_token == 2048
+    assert not draft_budget.ring_chosen()
+    assert "20000 tokens with the ring" in draft_budget.declined()
+    assert draft_budget.reprefill_hook(lambda self, req: 0, None) == 0
+
+
+def test_auto_declines_a_ring_larger_than_the_budget(monkeypatch, undeclare):
+    configurator = _auto_budget(monkeypatch)
+    assert draft_budget.available_bytes_hook(lambda self, pre: 10**6, configurator, 0) == 10**6
+    assert "would take the whole budget" in draft_budget.declined()
+    assert configurator.dflash_draft_cell_size_per_token == 2048
+
+
+def test_the_pool_tokens_are_sglangs_own_sizing(monkeypatch):
+    """`pool_tokens` asks SGLang's pool configurator for the budget, and caps it as SGLang does."""
+    from sglang.srt import runtime_context
+    from sglang.srt.model_executor import pool_configurator
+
+    sizes = {}
+
+    class Configurator:
+        def __init__(self, kvc):
+            self.kvc = kvc
+
+        def calculate_pool_sizes(self, budget, page_size):
+            sizes[budget] = page_size
+            return SimpleNamespace(max_total_num_tokens=budget // self.kvc.cell)
+
+    monkeypatch.setattr(pool_configurator, "create_memory_pool_configurator", Configurator)
+    schedule = SimpleNamespace(max_total_tokens=None, page_size=1)
+    monkeypatch.setattr(runtime_context, "get_schedule", lambda: schedule)
+    assert draft_budget.pool_tokens(SimpleNamespace(cell=10), 1000) == 100
+    schedule.max_total_tokens = 30
+    assert draft_budget.pool_tokens(SimpleNamespace(cell=10), 1000) == 30
+    assert sizes == {1000: 1}
