@@ -208,6 +208,8 @@ def test_greedy_matches_target(served, batch_size):
     kv = state["dflash_draft_kv"]
     assert kv["sliding_windows"] == [window] * len(kv["sliding_layers"]), kv
     assert (kv["full_layers"] == []) == (window is not None), kv
+    if window is not None:  # --max-total-tokens caps the pool: a window ring would gain it nothing
+        assert not kv["sliding_layers_windowed"] and "tokens with the ring" in kv["window_ring_why_not"], kv
     mismatches = [
         i for i, (g, w) in enumerate(zip(got, want[batch_size])) if g["output_ids"] != w["output_ids"]
     ]

@@ -1,6 +1,8 @@
-"""The draft's window ring in a running engine (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1,
-`sglang_dflash/draft/window_ring.py`), on the shipped pair with its draft re-declared
-all-sliding (window 32, block 8: a ring of 40 rows per request slot).
+"""The draft's window ring in a running engine (`sglang_dflash/draft/window_ring.py`), on the
+shipped pair with its draft re-declared all-sliding (window 32, block 8: a ring of 40 rows per
+request slot). The ring engine runs SGLANG_DFLASH_DRAFT_WINDOW_POOL's default (auto): nothing
+caps the pool, so the ring gives the target more tokens and is chosen; the store of every token
+runs with it set to 0.
 
 Three engines at the same memory settings, nothing capping the pool: no speculation, DFLASH
 with the draft's K/V for every token (today's store), and DFLASH with the ring (and the ring at
@@ -30,9 +32,14 @@ GREEDY = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
 SEEDED = {"max_new_tokens": 96, "temperature": 0.8, "ignore_eos": True, "sampling_seed": 11}
 ENGINE = dict(engines.CPU_ENGINE, max_total_tokens=None, mem_fraction_static=0.08, chunked_prefill_size=24)
 DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8,1"}
-RING = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1"}
+RING = DFLASH  # the default, auto
+EVERY_TOKEN = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "0"}
+# SGLang's test aid: every third decode step retracts a request, which comes back later (in
+# whichever request slot is free) and prefills its prompt and outputs again.
+RETRACTING = {**RING, "SGLANG_TEST_RETRACT": "1"}
 TP2_WITHOUT_REPREFILL = {
-    **RING,
+    **DFLASH,
+    "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1",
     "SGLANG_DFLASH_TEST_SKIP_WINDOW_REPREFILL": "1",
     "SGLANG_CPU_OMP_THREADS_BIND": "0|1",
 }
@@ -91,10 +98,11 @@ def runs(prompt_ids, tmp_path_factory):
         "plain": _run({}, prompt_ids),
         # The ring right after the plain engine: both measure the memory as free as it gets.
         "ring": _run(RING, prompt_ids, draft, again, sampled=True),
-        "every-token": _run(DFLASH, prompt_ids, draft, again, sampled=True),
+        "every-token": _run(EVERY_TOKEN, prompt_ids, draft, again, sampled=True),
         # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py). And a
         # radix-cache hit there reuses its whole prefix (the test aid): the window goes missing.
         "ring-tp2": _run(TP2_WITHOUT_REPREFILL, prompt_ids[:4], draft, again, tp_size=2),
+        "ring-retracting": _run(RETRACTING, prompt_ids[:4], draft),
     }
 
 
@@ -144,7 +152,10 @@ def test_the_target_gets_the_memory_back(runs):
     assert kv["sliding_layers_windowed"] is True
     assert kv["window_ring_rows_per_request"] == WINDOW + 8
     assert kv["window_ring_bytes"] == kv["store_bytes"]  # all-sliding: nothing per token
-    assert every["internal_states"][0]["dflash_draft_kv"]["sliding_layers_windowed"] is False
+    assert kv["window_ring_why_not"] is None  # auto chose it
+    every_kv = every["internal_states"][0]["dflash_draft_kv"]
+    assert every_kv["sliding_layers_windowed"] is False
+    assert every_kv["window_ring_why_not"] == "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"
 
 
 def _misses(info) -> dict:
@@ -173,6 +184,25 @@ def test_a_radix_cache_hit_without_the_re_prefill_is_lossless_and_counted(runs):
     before, now = _misses(info), _misses(after)
     assert now["requests"] - before["requests"] == 2
     assert now["positions"] - before["positions"] == 2 * (WINDOW - 1)
+
+
+def _accepted(outputs) -> int:
+    return sum(
+        sum(n * c for n, c in enumerate(o["meta_info"]["spec_correct_drafts_histogram"])) for o in outputs
+    )
+
+
+def test_retracted_requests_rebuild_their_ring_and_keep_their_acceptance(runs):
+    """Retracted dozens of times each, the requests give the plain engine's tokens, and their
+    drafts are accepted as often as without retraction (the re-prefill rebuilds the ring in the
+    new slot: proposals over another request's rows would lose most of that). The retraction
+    schedule differs from run to run, and the verify widths cycle over the batch's steps: the
+    same acceptance, not the same histograms."""
+    got, info = runs["ring-retracting"][:2]
+    assert _ids(got) == _ids(runs["plain"][0][:4])
+    assert sum(o["meta_info"]["num_retractions"] for o in got) >= 4 * 4
+    assert _accepted(got) >= 0.9 * _accepted(runs["ring"][0][:4])
+    assert _misses(info) == {"requests": 0, "positions": 0}
 
 
 def _engine(env: dict, draft: str, **engine_args):
