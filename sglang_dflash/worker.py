@@ -50,7 +50,6 @@ from sglang_dflash import IMPL_NAME, __version__
 from sglang_dflash.draft.attention import planning_lens
 from sglang_dflash.draft.block import extend_last_rows, extend_positions, extend_requests, gather_slots
 from sglang_dflash.draft.deferred_injection import DeferredInjection, why_not_deferred
-from sglang_dflash.draft.kv_store import resolve_draft_kv_dtype
 from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.draft.window_misses import WindowMisses
 from sglang_dflash.integration import draft_budget, returned_hidden_states
@@ -127,7 +126,7 @@ class DFlashWorker(BaseSpecWorker):
         # SGLANG_DFLASH_DRAFT_WINDOW_POOL: whether the windowed layers may keep a window ring,
         # which the target's pool budget (sized after this) sets aside, and under auto decides
         # on; `alloc_memory_pool` reads the decision. None: it may.
-        self.why_no_window_ring = self._window_pool(server_args)
+        self.why_no_window_ring = self._window_pool()
         self.window_misses = None  # with a window ring: the drafts over positions it does not hold
         self.metrics = DFlashMetrics.from_runtime(self.num_draft_tokens)  # None without --enable-metrics
         self.step_width = StepWidth(
@@ -156,7 +155,7 @@ class DFlashWorker(BaseSpecWorker):
         self._inject_committed = skipped if self.knobs.skip_decode_injection else self._inject_committed_kv
         self._log_start_up()
 
-    def _window_pool(self, server_args) -> Optional[str]:
+    def _window_pool(self) -> Optional[str]:
         """Why the windowed layers keep K/V for every token (None: a window ring is declared to
         the target's budget). SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 refuses by name what the ring
         does not serve; auto keeps the store of every token there, and says why."""
@@ -168,8 +167,6 @@ class DFlashWorker(BaseSpecWorker):
             windowed_layers=self.runtime.window_layers,
             disaggregation=str(get_disagg().disaggregation_mode),
             hicache=_offloads_draft_kv(),
-            page_size=int(server_args.page_size or 1),
-            kv_dtype=resolve_draft_kv_dtype(self.runtime.dtype),
         )
         if reason is not None and mode == "on":
             raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")

@@ -209,14 +209,11 @@ def why_not_window_pool(
     windowed_layers: tuple[int, ...],
     disaggregation: str,
     hicache: bool,
-    page_size: int,
-    kv_dtype,
 ) -> Optional[str]:
-    """Why SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 cannot serve this server (None: it can). Each is
-    refused by name at start-up: what reads or moves the store by slot ids alone does not
-    know the ring."""
-    import torch
-
+    """Why the window ring cannot serve this server (None: it can): SGLANG_DFLASH_DRAFT_WINDOW_POOL=1
+    refuses each by name at start-up, `auto` keeps K/V for every token. What reads or moves the
+    store by slot ids alone does not know the ring. (The page size and the store's dtype do not
+    matter to it: a ring row is a request slot's position, and it keeps the store's dtype.)"""
     if not windowed_layers:
         return "the draft has no windowed layer (no sliding_window, no --speculative-draft-window-size)"
     if device_type != "cpu":
@@ -227,8 +224,4 @@ def why_not_window_pool(
         return f"a PD {disaggregation} engine (the draft's K/V travels by slot ids)"
     if hicache:
         return "--enable-hierarchical-cache (the draft's K/V is backed up by slot ids)"
-    if page_size != 1:
-        return f"--page-size {page_size} (not tested with the window ring)"
-    if kv_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"draft KV dtype {kv_dtype} (not tested with the window ring)"
     return None

@@ -6,7 +6,7 @@ runs with it set to 0.
 
 Three engines at the same memory settings, nothing capping the pool: no speculation, DFLASH
 with the draft's K/V for every token (today's store), and DFLASH with the ring (and the ring at
-tensor parallel size 2). Prompts run four
+tensor parallel size 2, and under SGLang's retraction aid on a target paged by 8 tokens). Prompts run four
 at a time, prefilled in chunks of 24 tokens, every third decode step without the draft (W = 1:
 its K/V injection deferred to the next draft), to contexts of 6 to 9 windows. Oracles: the
 plain engine's greedy tokens, the other store's per-request acceptance (the same proposals),
@@ -35,8 +35,10 @@ DFLASH = {"SGLANG_DFLASH_ADAPTIVE_WIDTH": "0", "SGLANG_DFLASH_TEST_WIDTHS": "8,8
 RING = DFLASH  # the default, auto
 EVERY_TOKEN = {**DFLASH, "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "0"}
 # SGLang's test aid: every third decode step retracts a request, which comes back later (in
-# whichever request slot is free) and prefills its prompt and outputs again.
+# whichever request slot is free) and prefills its prompt and outputs again. That engine pages
+# the target's KV cache by 8 tokens too: radix-cache hits then end on a page boundary.
 RETRACTING = {**RING, "SGLANG_TEST_RETRACT": "1"}
+PAGE = 8  # a divisor of the prefill chunk (24), as SGLang requires
 TP2_WITHOUT_REPREFILL = {
     **DFLASH,
     "SGLANG_DFLASH_DRAFT_WINDOW_POOL": "1",
@@ -102,7 +104,7 @@ def runs(prompt_ids, tmp_path_factory):
         # Each rank's ring holds its KV head; one core a rank (test_tensor_parallel.py). And a
         # radix-cache hit there reuses its whole prefix (the test aid): the window goes missing.
         "ring-tp2": _run(TP2_WITHOUT_REPREFILL, prompt_ids[:4], draft, again, tp_size=2),
-        "ring-retracting": _run(RETRACTING, prompt_ids[:4], draft),
+        "ring-retracting-paged": _run(RETRACTING, prompt_ids[:4], draft, again, page_size=PAGE),
     }
 
 
@@ -198,11 +200,22 @@ def test_retracted_requests_rebuild_their_ring_and_keep_their_acceptance(runs):
     new slot: proposals over another request's rows would lose most of that). The retraction
     schedule differs from run to run, and the verify widths cycle over the batch's steps: the
     same acceptance, not the same histograms."""
-    got, info = runs["ring-retracting"][:2]
+    got, info = runs["ring-retracting-paged"][:2]
     assert _ids(got) == _ids(runs["plain"][0][:4])
     assert sum(o["meta_info"]["num_retractions"] for o in got) >= 4 * 4
     assert _accepted(got) >= 0.9 * _accepted(runs["ring"][0][:4])
     assert _misses(info) == {"requests": 0, "positions": 0}
+    assert info["internal_states"][0]["dflash_draft_kv"]["sliding_layers_windowed"] is True
+
+
+def test_a_paged_radix_cache_hit_re_prefills_the_window(runs):
+    """With pages of 8 the cache serves whole pages only, ending at or before the re-prefill's
+    limit: the window is still prefilled again, the same tokens, no request without it."""
+    _, _, repeated, after, _ = runs["ring-retracting-paged"]
+    assert _ids(repeated) == _ids(runs["plain"][0][:2])
+    cached = [o["meta_info"]["cached_tokens"] for o in repeated]
+    assert cached[0] > 0 and all(c % PAGE == 0 for c in cached), cached
+    assert _misses(after) == {"requests": 0, "positions": 0}
 
 
 def _engine(env: dict, draft: str, **engine_args):

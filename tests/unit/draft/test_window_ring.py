@@ -54,8 +54,10 @@ class Server:
     """Request slots, target slots, and two stores written alike: one keeping every token, one
     with the sliding layer in a ring of `rows_per_request`."""
 
-    def __init__(self, rows_per_request: int, num_requests: int = 4, max_context: int = 96):
-        kw = dict(num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=torch.float32, device="cpu")
+    def __init__(
+        self, rows_per_request: int, num_requests: int = 4, max_context: int = 96, dtype=torch.float32
+    ):
+        kw = dict(num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=dtype, device="cpu")
         self.full = DraftKVStore(num_slots=1024, **kw)
         self.ring = WindowRing(rows_per_request, num_requests)
         self.ringed = DraftKVStore(num_slots=1024, ring=self.ring, windowed_layers=(0,), **kw)
@@ -117,8 +119,10 @@ def _schedule(server: Server) -> list[list[int]]:
     return reads
 
 
-def test_a_windowed_layer_in_its_ring_attends_as_over_every_token():
-    server = Server(rows_per_request=WINDOW + BLOCK)
+# Both stores round K/V through their dtype alike (an fp8 store: tests/unit/draft/test_kv_store.py).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_a_windowed_layer_in_its_ring_attends_as_over_every_token(dtype):
+    server = Server(rows_per_request=WINDOW + BLOCK, dtype=dtype)
     for reqs in _schedule(server):
         full, ringed = (
             server.attention_outputs(server.full, reqs),
@@ -128,6 +132,7 @@ def test_a_windowed_layer_in_its_ring_attends_as_over_every_token():
             torch.testing.assert_close(ringed[layer], full[layer], rtol=1e-5, atol=1e-6)
     # The ring holds R rows of each request slot instead of a row per target slot.
     assert server.ringed.ring_k.shape == (1, 4 * (WINDOW + BLOCK) + 1, KV_HEADS, HEAD_DIM)
+    assert server.ringed.ring_k.dtype == server.ringed.k.dtype == dtype
     assert server.ringed.k.shape[0] == 1  # the full layer only
     assert server.ringed.nbytes < server.full.nbytes
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from sglang_dflash.integration import draft_budget
 from sglang_dflash.integration.draft_budget import DraftBudget, why_not_window_pool
@@ -61,18 +60,13 @@ def test_without_a_declaration_sglang_charges_as_it_does():
 
 
 def test_what_the_window_pool_refuses_by_name():
-    ok = dict(
-        device_type="cpu", windowed_layers=(0, 1), disaggregation="null", hicache=False, page_size=1,
-        kv_dtype=torch.float32,
-    )  # fmt: skip
+    ok = dict(device_type="cpu", windowed_layers=(0, 1), disaggregation="null", hicache=False)
     assert why_not_window_pool(**ok) is None
     refused = {
         "windowed_layers": ((), "no windowed layer"),
         "device_type": ("cuda", "CPU only"),
         "disaggregation": ("prefill", "PD prefill engine"),
         "hicache": (True, "--enable-hierarchical-cache"),
-        "page_size": (16, "--page-size 16"),
-        "kv_dtype": (torch.float8_e4m3fn, "float8_e4m3fn"),
     }
     for field, (value, named) in refused.items():
         assert named in why_not_window_pool(**{**ok, field: value}), field
