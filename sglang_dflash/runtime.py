@@ -298,9 +298,10 @@ class DraftRuntime:
                 self.last_tokens = LastTokenStore(max_bs, self.config.hidden_size, self.dtype, self.device)
                 self.proposer.last_tokens = self.last_tokens
         # Outside the region: the pool's small pointer tables must survive a memory-saver release
-        # (its K/V buffers are the store's, inside it). None with a window ring: nothing that
-        # reads the pool (PD transfer, HiCache) serves one (`draft_budget.why_not_window_pool`).
-        if ring is None:
+        # (its K/V buffers are the store's, inside it). With a window ring the pool holds the
+        # full layers only, which HiCache backs up (a reloaded prefix re-prefills the ring's
+        # window); None when every layer is windowed.
+        if self.store.k.shape[0]:
             self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)
         self.step = DraftStep(
             self.forward,

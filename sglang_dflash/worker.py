@@ -101,11 +101,19 @@ def _offloads_draft_kv() -> bool:
     """Whether cached slots are backed up to host memory (HiCache, or a PD decode engine's
     retraction backup), and with them the draft's K/V."""
     memory = get_memory()
-    return bool(
-        memory.enable_hierarchical_cache
-        or memory.enable_unified_cache_external_linker
-        or get_disagg().disaggregation_decode_retraction_backup == "host_pool"
-    )
+    return bool(memory.enable_hierarchical_cache or _draft_kv_offloads())
+
+
+def _draft_kv_offloads() -> Optional[str]:
+    """What backs cached slots up beyond HiCache's host memory, by its flag (None: nothing)."""
+    memory = get_memory()
+    if memory.hicache_storage_backend is not None:
+        return f"--hicache-storage-backend {memory.hicache_storage_backend}"
+    if memory.enable_unified_cache_external_linker:
+        return "--enable-unified-cache-external-linker"
+    if get_disagg().disaggregation_decode_retraction_backup == "host_pool":
+        return "a PD decode engine's host-pool retraction backup"
+    return None
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -166,7 +174,7 @@ class DFlashWorker(BaseSpecWorker):
             device_type=torch.device(self.device).type,
             windowed_layers=self.runtime.window_layers,
             disaggregation=str(get_disagg().disaggregation_mode),
-            hicache=_offloads_draft_kv(),
+            offloads=_draft_kv_offloads(),
         )
         if reason is not None and mode == "on":
             raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
@@ -238,12 +246,18 @@ class DFlashWorker(BaseSpecWorker):
         plan = super()._build_hicache_draft_plan()  # also resets the target runner's MTP pools
         if plan.mode != HiCacheDraftMode.NONE or not _offloads_draft_kv() or self.knobs.skip_draft_hicache:
             return plan
+        if self.runtime.kv_pool is None:  # an all-windowed ring: a reloaded prefix re-prefills it all
+            return plan
         return HiCacheDraftPlan(mode=HiCacheDraftMode.SIDECAR, device_pools=(self.runtime.kv_pool,))
 
     @property
     def primary_draft_kv_pool(self) -> Optional[DraftKVPool]:
-        """Prefill/decode disaggregation transfers this pool's buffers with the target's."""
-        return None if self.knobs.skip_draft_transfer else self.runtime.kv_pool
+        """Prefill/decode disaggregation transfers this pool's buffers with the target's (never
+        with a window ring, which PD refuses: the pool then holds the full layers only)."""
+        store = self.runtime.store
+        if self.knobs.skip_draft_transfer or (store is not None and store.ring is not None):
+            return None
+        return self.runtime.kv_pool
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None

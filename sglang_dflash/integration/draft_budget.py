@@ -208,12 +208,16 @@ def why_not_window_pool(
     device_type: str,
     windowed_layers: tuple[int, ...],
     disaggregation: str,
-    hicache: bool,
+    offloads: Optional[str],
 ) -> Optional[str]:
     """Why the window ring cannot serve this server (None: it can): SGLANG_DFLASH_DRAFT_WINDOW_POOL=1
-    refuses each by name at start-up, `auto` keeps K/V for every token. What reads or moves the
-    store by slot ids alone does not know the ring. (The page size and the store's dtype do not
-    matter to it: a ring row is a request slot's position, and it keeps the store's dtype.)"""
+    refuses each by name at start-up, `auto` keeps K/V for every token. What moves the store by
+    slot ids alone does not know the ring. `offloads`: what backs cached slots up other than
+    HiCache's host memory (`worker._draft_kv_offloads`), None if nothing does.
+
+    Served: HiCache's host tier (the full layers go to host as the store of every token's do,
+    and a reloaded prefix re-prefills the window like any cache hit), any page size (a ring row
+    is a request slot's position), any store dtype (the ring keeps the store's)."""
     if not windowed_layers:
         return "the draft has no windowed layer (no sliding_window, no --speculative-draft-window-size)"
     if device_type != "cpu":
@@ -222,6 +226,6 @@ def why_not_window_pool(
         )
     if disaggregation != "null":
         return f"a PD {disaggregation} engine (the draft's K/V travels by slot ids)"
-    if hicache:
-        return "--enable-hierarchical-cache (the draft's K/V is backed up by slot ids)"
+    if offloads is not None:
+        return f"{offloads} (not tested with the window ring)"
     return None

@@ -6,6 +6,8 @@ once more after `flush_cache` from nothing ("cold"). The draft's raw proposals a
 step (the proposal trace) must be identical: the reloaded slots hold the prompt's draft K/V.
 With the draft left out of HiCache's backups (a test-only knob) the reloaded slots hold stale
 draft K/V, and the same check fails; the tokens stay identical either way (the target verifies).
+With the draft's window ring, a mixed draft's full layer is backed up and its sliding layer's
+window re-prefilled from the reloaded prefix: the same check holds.
 On CPU, SGLang's host-pool copies run on `sglang_dflash/cpu/kvcacheio.py`.
 """
 
@@ -25,14 +27,29 @@ SAMPLING = {"max_new_tokens": 24, "temperature": 0}
 HICACHE = dict(enable_hierarchical_cache=True, hicache_ratio=4, max_total_tokens=1024, page_size=1)
 
 
-def _run(tiny, trace_path, skip_draft_backup: bool):
+def _mixed_draft(tiny) -> tuple[str, str]:
+    """Draft "b" (two layers, block 8) with its first layer sliding (window 32), and its target."""
+
+    def first_layer_sliding(config):
+        config.update(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=32, use_sliding_window=True
+        )
+
+    target, _ = tiny.pair("b")
+    return target, tiny.edited_draft("b", "first-layer-sliding", first_layer_sliding)
+
+
+def _run(tiny, trace_path, skip_draft_backup: bool, window_ring: bool = False):
     env = {"SGLANG_DFLASH_TRACE_PROPOSALS": str(trace_path)}
     if skip_draft_backup:
         env["SGLANG_DFLASH_TEST_SKIP_DRAFT_HICACHE"] = "1"
+    if window_ring:  # --max-total-tokens caps the pool, where `auto` would keep every token
+        env["SGLANG_DFLASH_DRAFT_WINDOW_POOL"] = "1"
     os.environ.update(env)
     try:
         # Fixed width: the warm and cold runs must verify the same windows to compare them.
-        engine = engines.start(*tiny.pair("a"), 8, fixed_width=True, **HICACHE)
+        pair = _mixed_draft(tiny) if window_ring else tiny.pair("a")
+        engine = engines.start(*pair, 8, fixed_width=True, **HICACHE)
     finally:
         for key in env:
             os.environ.pop(key)
@@ -44,11 +61,12 @@ def _run(tiny, trace_path, skip_draft_backup: bool):
         warm = engine.generate(input_ids=prompt, sampling_params=SAMPLING, rid="warm")
         engines.flush_cache(engine)
         cold = engine.generate(input_ids=prompt, sampling_params=SAMPLING, rid="cold")
+        state = engines.server_state(engine)
     finally:
         engines.shutdown(engine)
     steps = engines.proposal_steps(trace_path)
     assert len(steps["warm"]) >= 2 and len(steps["cold"]) >= 2
-    return warm, cold, steps["warm"], steps["cold"]
+    return warm, cold, steps["warm"], steps["cold"], state
 
 
 def _host_hit(output) -> int:
@@ -57,16 +75,33 @@ def _host_hit(output) -> int:
 
 
 def test_a_prefix_reloaded_from_host_gives_the_same_draft_proposals(tiny, tmp_path):
-    warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_draft_backup=False)
+    warm, cold, warm_steps, cold_steps, _ = _run(tiny, tmp_path / "trace.jsonl", skip_draft_backup=False)
     assert _host_hit(warm) >= len(PROMPT) // 2, warm["meta_info"]  # the prefix came from host
     assert cold["meta_info"]["cached_tokens"] == 0
     assert warm["output_ids"] == cold["output_ids"]
     assert warm_steps == cold_steps
 
 
+def test_with_a_window_ring_the_full_layer_is_reloaded_and_the_window_re_prefilled(tiny, tmp_path):
+    """A draft whose first layer keeps a window ring: HiCache backs up and reloads its full
+    layer (the draft pool holds the full layers only), and the reloaded prefix's last window is
+    prefilled again, filling the ring. The same proposals as from nothing, no step without its
+    window. (Without the full layer's backup, or without the re-prefill, the proposals differ:
+    the test below, and tests/engine/test_window_pool.py.)"""
+    warm, cold, warm_steps, cold_steps, state = _run(
+        tiny, tmp_path / "trace.jsonl", skip_draft_backup=False, window_ring=True
+    )
+    kv = state["dflash_draft_kv"]
+    assert kv["sliding_layers_windowed"] is True and kv["full_layers"] == [1], kv
+    assert _host_hit(warm) >= len(PROMPT) // 2, warm["meta_info"]
+    assert warm["output_ids"] == cold["output_ids"]
+    assert warm_steps == cold_steps
+    assert state["dflash_window_misses"] == {"requests": 0, "positions": 0}
+
+
 @pytest.mark.slow  # the demonstration that the check above can fail: one more engine, with --run-slow
 def test_check_fails_without_the_draft_backup(tiny, tmp_path):
-    warm, cold, warm_steps, cold_steps = _run(tiny, tmp_path / "trace.jsonl", skip_draft_backup=True)
+    warm, cold, warm_steps, cold_steps, _ = _run(tiny, tmp_path / "trace.jsonl", skip_draft_backup=True)
     assert _host_hit(warm) >= len(PROMPT) // 2, warm["meta_info"]
     assert warm["output_ids"] == cold["output_ids"]  # still lossless: only the draft is wrong
     assert warm_steps != cold_steps

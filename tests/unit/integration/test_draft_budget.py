@@ -60,13 +60,13 @@ def test_without_a_declaration_sglang_charges_as_it_does():
 
 
 def test_what_the_window_pool_refuses_by_name():
-    ok = dict(device_type="cpu", windowed_layers=(0, 1), disaggregation="null", hicache=False)
+    ok = dict(device_type="cpu", windowed_layers=(0, 1), disaggregation="null", offloads=None)
     assert why_not_window_pool(**ok) is None
     refused = {
         "windowed_layers": ((), "no windowed layer"),
         "device_type": ("cuda", "CPU only"),
         "disaggregation": ("prefill", "PD prefill engine"),
-        "hicache": (True, "--enable-hierarchical-cache"),
+        "offloads": ("--hicache-storage-backend file", "--hicache-storage-backend file (not tested"),
     }
     for field, (value, named) in refused.items():
         assert named in why_not_window_pool(**{**ok, field: value}), field
