@@ -265,8 +265,9 @@ class DraftRuntime:
         # into the target pool's cell size, so this is the memory it set aside for us).
         num_slots = num_target_slots(target_kv_pool)
         max_bs = req_to_token.shape[0]
+        ring = self.window_ring(max_bs) if window_pool else None
         flashinfer_unavailable = flashinfer_attention.unavailable_reason(
-            self.config, torch.device(self.device), self.dtype
+            self.config, torch.device(self.device), self.dtype, window_ring=ring is not None
         )
         # FlashInfer keeps each step's block K/V in scratch slots past the target's range.
         scratch = 0
@@ -275,7 +276,6 @@ class DraftRuntime:
         # Every persistent buffer sits in SGLang's memory-saver KV region, with the target's pools.
         num_kv_heads = self.tp.split(self.config.num_key_value_heads, "KV heads")  # this rank's
         kv_dtype = resolve_draft_kv_dtype(self.dtype)
-        ring = self.window_ring(max_bs) if window_pool else None
         self.kv_plan = self._kv_plan(num_slots, ring)
         if ring is not None:
             draft_budget.check_set_aside(self.kv_plan.ring_bytes)

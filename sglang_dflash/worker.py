@@ -54,7 +54,7 @@ from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.draft.window_misses import WindowMisses
 from sglang_dflash.integration import draft_budget, returned_hidden_states
 from sglang_dflash.integration.decode_step import DecodeStep, idle_result, make_draft_input, proposal_inputs
-from sglang_dflash.integration.draft_budget import why_not_window_pool
+from sglang_dflash.integration.draft_budget import why_auto_declines, why_not_window_pool
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
@@ -170,14 +170,17 @@ class DFlashWorker(BaseSpecWorker):
         mode = self.knobs.window_pool
         if mode == "off":
             return "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"
+        device_type = torch.device(self.device).type
         reason = why_not_window_pool(
-            device_type=torch.device(self.device).type,
+            device_type=device_type,
             windowed_layers=self.runtime.window_layers,
             disaggregation=str(get_disagg().disaggregation_mode),
             offloads=_draft_kv_offloads(),
         )
         if reason is not None and mode == "on":
             raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
+        if reason is None and mode == "auto":
+            reason = why_auto_declines(device_type)
         if reason is not None:
             return reason
         budget = self.runtime.window_budget(

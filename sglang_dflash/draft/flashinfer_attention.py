@@ -96,12 +96,21 @@ FLASHINFER_HEAD_DIMS = (64, 128, 256, 512)
 
 
 def unavailable_reason(
-    config: DFlashDraftConfig, device: torch.device, dtype: Optional[torch.dtype] = None
+    config: DFlashDraftConfig,
+    device: torch.device,
+    dtype: Optional[torch.dtype] = None,
+    window_ring: bool = False,
 ) -> Optional[str]:
     """Why FlashInfer cannot run this draft's attention on `device` in `dtype` (the draft's
-    compute dtype; None: not checked), or None if it can."""
+    compute dtype; None: not checked), or None if it can. `window_ring`: the store keeps the
+    windowed layers in a window ring (`window_ring.py`), whose rows this layout does not list."""
     if device.type != "cuda":
         return f"the draft runs on {device.type}"
+    if window_ring:
+        return (
+            "the windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1), which this "
+            "layout does not read"
+        )
     if config.attention_sink_bias:
         return "the draft has attention sinks (MiMo), which this FlashInfer draft attention does not apply"
     if dtype is not None and dtype not in FLASHINFER_DTYPES:
@@ -270,7 +279,7 @@ class FlashInferDraftAttention:
         for exactly that many requests, over `graph_buffers`. `plan_free_max_len`: graph mode
         planned once, without split-KV, for visible contexts up to that many tokens
         (`plan_once`, `bind_on_device`; module docstring)."""
-        reason = unavailable_reason(config, store.k.device, q_dtype or store.k.dtype)
+        reason = unavailable_reason(config, store.k.device, q_dtype or store.k.dtype, store.ring is not None)
         if reason is not None:
             raise ValueError(f"FlashInfer draft attention is unavailable: {reason}")
         need = scratch_base + num_scratch_slots(max_batch_size, config.block_size)

@@ -217,15 +217,27 @@ def why_not_window_pool(
 
     Served: HiCache's host tier (the full layers go to host as the store of every token's do,
     and a reloaded prefix re-prefills the window like any cache hit), any page size (a ring row
-    is a request slot's position), any store dtype (the ring keeps the store's)."""
+    is a request slot's position), any store dtype (the ring keeps the store's). On CUDA only when
+    asked for (`why_auto_declines`)."""
     if not windowed_layers:
         return "the draft has no windowed layer (no sliding_window, no --speculative-draft-window-size)"
-    if device_type != "cpu":
-        return (
-            f"the window ring is served on CPU only so far (this is {device_type}: FlashInfer reads slot ids)"
-        )
+    if device_type not in ("cpu", "cuda"):
+        return f"a {device_type} device (the window ring is served on CPU and CUDA)"
     if disaggregation != "null":
         return f"a PD {disaggregation} engine (the draft's K/V travels by slot ids)"
     if offloads is not None:
         return f"{offloads} (not tested with the window ring)"
+    return None
+
+
+def why_auto_declines(device_type: str) -> Optional[str]:
+    """Why SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto keeps K/V for every token on a server the ring
+    could serve (None: it may keep the ring, where the pool gains: `available_bytes_hook`).
+    On CUDA the ring is read by PyTorch SDPA, eagerly: FlashInfer's draft attention and the draft
+    step's CUDA graphs list slot ids, not ring rows. Memory for speed is the user's trade."""
+    if device_type == "cuda":
+        return (
+            "on CUDA the window ring is read by PyTorch SDPA without FlashInfer or the draft's CUDA "
+            "graphs; SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 trades that speed for the memory"
+        )
     return None

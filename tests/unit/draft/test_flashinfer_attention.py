@@ -181,6 +181,16 @@ def test_float32_and_other_head_sizes_take_sdpa():
     assert reason is not None and "head_dim 64, 128, 256, 512, the draft's is 16" in reason
 
 
+def test_a_window_ring_takes_sdpa():
+    """A store whose windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 on
+    CUDA): this layout lists slot ids, so SDPA reads the ring, with the reason named."""
+    config = make_config(["sliding_attention"], window=64)
+    assert fia.unavailable_reason(config, torch.device("cuda"), window_ring=True) == (
+        "the windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1), which this "
+        "layout does not read"
+    )
+
+
 def test_unavailable_on_cpu():
     config = make_config(["full_attention"])
     assert fia.unavailable_reason(config, torch.device("cpu")) == "the draft runs on cpu"

@@ -55,13 +55,19 @@ class Server:
     with the sliding layer in a ring of `rows_per_request`."""
 
     def __init__(
-        self, rows_per_request: int, num_requests: int = 4, max_context: int = 96, dtype=torch.float32
+        self,
+        rows_per_request: int,
+        num_requests: int = 4,
+        max_context: int = 96,
+        dtype=torch.float32,
+        device: str = "cpu",
     ):
-        kw = dict(num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=dtype, device="cpu")
+        kw = dict(num_layers=2, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=dtype, device=device)
+        self.device = device
         self.full = DraftKVStore(num_slots=1024, **kw)
         self.ring = WindowRing(rows_per_request, num_requests)
         self.ringed = DraftKVStore(num_slots=1024, ring=self.ring, windowed_layers=(0,), **kw)
-        self.req_to_token = torch.zeros(num_requests, max_context, dtype=torch.int64)
+        self.req_to_token = torch.zeros(num_requests, max_context, dtype=torch.int64, device=device)
         self.lens = [0] * num_requests
         self.next_slot = 1  # slot 0: the sink
         self.gen = torch.Generator().manual_seed(0)
@@ -71,16 +77,18 @@ class Server:
         decode step's window: the rest go to slot 0)."""
         committed = count if committed is None else committed
         start = self.lens[req]
-        positions = torch.arange(start, start + count)
-        slots = torch.arange(self.next_slot, self.next_slot + count)
+        on = dict(device=self.device)
+        positions = torch.arange(start, start + count, **on)
+        slots = torch.arange(self.next_slot, self.next_slot + count, **on)
         self.next_slot += count
         slots[committed:] = 0
         self.req_to_token[req, start : start + committed] = slots[:committed]
         self.lens[req] += committed
-        k = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen)
-        v = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen)
+        k = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen).to(self.device)
+        v = torch.randn(2, count, KV_HEADS, HEAD_DIM, generator=self.gen).to(self.device)
         self.full.write(slots, k, v)
-        self.ringed.write(slots, k, v, self.ring.write_rows(torch.full((count,), req), positions, slots != 0))
+        rows = self.ring.write_rows(torch.full((count,), req, **on), positions, slots != 0)
+        self.ringed.write(slots, k, v, rows)
 
     def restart(self, req: int) -> None:
         """The request in slot `req` finished; a new one starts there from position 0."""
@@ -89,12 +97,12 @@ class Server:
     def attention_outputs(self, store: DraftKVStore, reqs: list[int]) -> list[torch.Tensor]:
         lens = torch.tensor([self.lens[r] for r in reqs])
         attention = SdpaDraftAttention(_config(), store).bind(
-            self.req_to_token, torch.tensor(reqs), lens, lens, BLOCK
+            self.req_to_token, torch.tensor(reqs, device=self.device), lens.to(self.device), lens, BLOCK
         )
         gen = torch.Generator().manual_seed(1)
         n = len(reqs) * BLOCK
-        q = torch.randn(n, HEADS, HEAD_DIM, generator=gen)
-        k, v = torch.randn(2, n, KV_HEADS, HEAD_DIM, generator=gen)
+        q = torch.randn(n, HEADS, HEAD_DIM, generator=gen).to(self.device)
+        k, v = torch.randn(2, n, KV_HEADS, HEAD_DIM, generator=gen).to(self.device)
         return [attention(layer, q, k, v) for layer in range(2)]
 
 
@@ -120,9 +128,11 @@ def _schedule(server: Server) -> list[list[int]]:
 
 
 # Both stores round K/V through their dtype alike (an fp8 store: tests/unit/draft/test_kv_store.py).
+# On CUDA, the path SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 serves there: SDPA over the ring.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
-def test_a_windowed_layer_in_its_ring_attends_as_over_every_token(dtype):
-    server = Server(rows_per_request=WINDOW + BLOCK, dtype=dtype)
+def test_a_windowed_layer_in_its_ring_attends_as_over_every_token(dtype, device):
+    server = Server(rows_per_request=WINDOW + BLOCK, dtype=dtype, device=device)
     for reqs in _schedule(server):
         full, ringed = (
             server.attention_outputs(server.full, reqs),

@@ -64,12 +64,21 @@ def test_what_the_window_pool_refuses_by_name():
     assert why_not_window_pool(**ok) is None
     refused = {
         "windowed_layers": ((), "no windowed layer"),
-        "device_type": ("cuda", "CPU only"),
+        "device_type": ("xpu", "a xpu device (the window ring is served on CPU and CUDA)"),
         "disaggregation": ("prefill", "PD prefill engine"),
         "offloads": ("--hicache-storage-backend file", "--hicache-storage-backend file (not tested"),
     }
     for field, (value, named) in refused.items():
         assert named in why_not_window_pool(**{**ok, field: value}), field
+    assert why_not_window_pool(**{**ok, "device_type": "cuda"}) is None  # served when asked for
+
+
+def test_auto_keeps_every_token_on_cuda_and_says_what_the_ring_would_cost():
+    """On CUDA the ring is read by SDPA, eagerly: `auto` does not trade FlashInfer's speed for
+    memory; SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does."""
+    assert draft_budget.why_auto_declines("cpu") is None
+    why = draft_budget.why_auto_declines("cuda")
+    assert "PyTorch SDPA without FlashInfer" in why and "SGLANG_DFLASH_DRAFT_WINDOW_POOL=1" in why
 
 
 # ------------------------------------------------------- SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto
