@@ -54,7 +54,6 @@ from sglang_dflash.draft.tensor_parallel import TensorParallel
 from sglang_dflash.draft.window_misses import WindowMisses
 from sglang_dflash.integration import draft_budget, returned_hidden_states
 from sglang_dflash.integration.decode_step import DecodeStep, idle_result, make_draft_input, proposal_inputs
-from sglang_dflash.integration.draft_budget import why_auto_declines, why_not_window_pool
 from sglang_dflash.integration.draft_context import DraftContextCheck
 from sglang_dflash.integration.draft_pool import DraftKVPool
 from sglang_dflash.integration.linear_state import LinearStateCommit
@@ -165,26 +164,18 @@ class DFlashWorker(BaseSpecWorker):
 
     def _window_pool(self) -> Optional[str]:
         """Why the windowed layers keep K/V for every token (None: a window ring is declared to
-        the target's budget). SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 refuses by name what the ring
-        does not serve; auto keeps the store of every token there, and says why."""
-        mode = self.knobs.window_pool
-        if mode == "off":
-            return "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"
-        device_type = torch.device(self.device).type
-        reason = why_not_window_pool(
-            device_type=device_type,
+        the target's budget): `draft_budget.why_no_window_ring`."""
+        reason = draft_budget.why_no_window_ring(
+            self.knobs.window_pool,
+            device_type=torch.device(self.device).type,
             windowed_layers=self.runtime.window_layers,
             disaggregation=str(get_disagg().disaggregation_mode),
             offloads=_draft_kv_offloads(),
         )
-        if reason is not None and mode == "on":
-            raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
-        if reason is None and mode == "auto":
-            reason = why_auto_declines(device_type)
         if reason is not None:
             return reason
         budget = self.runtime.window_budget(
-            reprefill=not self.knobs.skip_window_reprefill, auto=mode == "auto"
+            reprefill=not self.knobs.skip_window_reprefill, auto=self.knobs.window_pool == "auto"
         )
         draft_budget.declare(budget)
         return None

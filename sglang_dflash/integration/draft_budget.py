@@ -203,6 +203,21 @@ def _decline(configurator, why: str) -> None:
     logger.info("DFLASH draft KV: no window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto): %s", why)
 
 
+def why_no_window_ring(mode: str, **server) -> Optional[str]:
+    """SGLANG_DFLASH_DRAFT_WINDOW_POOL's choice (`mode`: "auto", "on" or "off") before the pools
+    are sized: why the windowed layers keep K/V for every token, or None to declare the ring
+    (which `auto` may still decline, `available_bytes_hook`). `server`: `why_not_window_pool`'s
+    fields. "on" raises what the ring does not serve, by name."""
+    if mode == "off":
+        return "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"
+    reason = why_not_window_pool(**server)
+    if reason is not None and mode == "on":
+        raise ValueError(f"SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve {reason}; unset it")
+    if reason is None and mode == "auto":
+        reason = why_auto_declines(server["device_type"])
+    return reason
+
+
 def why_not_window_pool(
     *,
     device_type: str,

@@ -73,6 +73,29 @@ def test_what_the_window_pool_refuses_by_name():
     assert why_not_window_pool(**{**ok, "device_type": "cuda"}) is None  # served when asked for
 
 
+@pytest.mark.parametrize(
+    "mode, server, want",
+    [
+        ("off", {}, "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"),
+        ("auto", {}, None),  # declared: the budget decides (`available_bytes_hook`)
+        ("on", {}, None),
+        ("auto", {"device_type": "cuda"}, "on CUDA the window ring is read by PyTorch SDPA"),
+        ("on", {"device_type": "cuda"}, None),  # asked for: SDPA over the ring
+        ("auto", {"disaggregation": "decode"}, "a PD decode engine"),
+        ("on", {"disaggregation": "decode"}, ValueError),
+        ("off", {"disaggregation": "decode"}, "SGLANG_DFLASH_DRAFT_WINDOW_POOL=0"),
+    ],
+)
+def test_each_mode_keeps_refuses_or_declares(mode, server, want):
+    server = {**dict(device_type="cpu", windowed_layers=(0,), disaggregation="null", offloads=None), **server}
+    if want is ValueError:
+        with pytest.raises(ValueError, match="SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does not serve a PD decode"):
+            draft_budget.why_no_window_ring(mode, **server)
+        return
+    got = draft_budget.why_no_window_ring(mode, **server)
+    assert got == want if want is None else want in got, got
+
+
 def test_auto_keeps_every_token_on_cuda_and_says_what_the_ring_would_cost():
     """On CUDA the ring is read by SDPA, eagerly: `auto` does not trade FlashInfer's speed for
     memory; SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 does."""
