@@ -19,7 +19,7 @@ source "$(dirname "$0")/lib.sh"
 BUNDLE=${BUNDLE:-.gpu-bundle/wheels}
 SITE=${GPU_SITE:-$PWD/.gpu-bundle/site}  # git-ignored
 PART=${PART:-all}
-GPU_TESTS="tests/unit/draft/test_step.py tests/unit/draft/test_flashinfer_attention.py tests/unit/train/test_flex_attention.py tests/unit/draft/test_fused_forward.py tests/unit/ops/test_ops.py tests/unit/verify/test_sampling.py"
+GPU_TESTS="tests/unit/draft/test_step.py tests/unit/draft/test_flashinfer_attention.py tests/unit/draft/test_window_ring.py tests/unit/train/test_flex_attention.py tests/unit/draft/test_fused_forward.py tests/unit/ops/test_ops.py tests/unit/verify/test_sampling.py"
 export PYTHONUNBUFFERED=1  # a command stopped at its limit keeps what was printed
 
 if ! $PY -c "import flashinfer" 2>/dev/null; then

@@ -20,6 +20,8 @@ from sglang_dflash.draft.window_ring import WindowRing
 from tests.support.tiny import draft_config_dict
 
 WINDOW, BLOCK, HEADS, KV_HEADS, HEAD_DIM = 8, 4, 4, 2, 16
+# tests/gpu_kit/check.sh runs this file's GPU test.
+gpu = pytest.mark.gpu
 
 
 def test_rows_by_hand():
@@ -129,7 +131,7 @@ def _schedule(server: Server) -> list[list[int]]:
 
 # Both stores round K/V through their dtype alike (an fp8 store: tests/unit/draft/test_kv_store.py).
 # On CUDA, the path SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 serves there: SDPA over the ring.
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_a_windowed_layer_in_its_ring_attends_as_over_every_token(dtype, device):
     server = Server(rows_per_request=WINDOW + BLOCK, dtype=dtype, device=device)
