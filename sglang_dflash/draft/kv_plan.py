@@ -5,9 +5,9 @@ A layer's reach is its `sliding_window` (sliding layers) capped by `--speculativ
 (every layer), or None: the whole context. A layer with a reach reads at most that many context
 rows in a step (the window counted back from the block's first position); a full layer reads all.
 
-By default the store (`kv_store.py`) keeps every layer's K/V at every target slot, windowed or
-not, so a windowed layer costs what a full one costs. With a window ring
-(SGLANG_DFLASH_DRAFT_WINDOW_POOL=1, `window_ring.py`) the windowed layers keep R rows per request
+Without a window ring the store (`kv_store.py`) keeps every layer's K/V at every target slot,
+windowed or not, so a windowed layer costs what a full one costs. With one
+(SGLANG_DFLASH_DRAFT_WINDOW_POOL's choice, `window_ring.py`) the windowed layers keep R rows per request
 slot instead, and the target's pool gets `sliding_bytes_per_token` per slot back, less the ring.
 The plan says which, on the start-up line and in server info, the bytes of each kind apart.
 

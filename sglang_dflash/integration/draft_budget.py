@@ -75,7 +75,7 @@ def check_set_aside(ring_bytes: int) -> None:
     left out (a hook that did not run would leave the ring unbudgeted: refused, loudly)."""
     if _set_aside is None:
         raise RuntimeError(
-            "SGLANG_DFLASH_DRAFT_WINDOW_POOL=1: the target's KV budget did not set the draft's window ring "
+            "SGLANG_DFLASH_DRAFT_WINDOW_POOL: the target's KV budget did not set the draft's window ring "
             "aside (KVCacheConfigurator._profile_available_bytes was not hooked)"
         )
     if ring_bytes > _set_aside:

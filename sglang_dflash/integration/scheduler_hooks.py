@@ -12,9 +12,10 @@
   (`metrics.py`).
 * Prefill/decode disaggregation: draft K/V arrival checked on the decode side
   (`draft_context.py`), and prefill peers of another attention-TP size refused.
-* The draft's window ring in the target's pool budget (`draft_budget.py`): with
-  SGLANG_DFLASH_DRAFT_WINDOW_POOL=1, SGLang charges the full draft layers per token and sets
-  the ring aside, and a radix-cache hit re-prefills the window's tokens.
+* The draft's window ring in the target's pool budget (`draft_budget.py`): with a ring
+  (SGLANG_DFLASH_DRAFT_WINDOW_POOL, `auto` where the target's pool gains), SGLang charges the
+  full draft layers per token and sets the ring aside, and a radix-cache hit re-prefills the
+  window's tokens.
 * Server info names the DFLASH implementation.
 
 Each hook hands the call back unchanged when the built-in serves DFLASH
