@@ -95,12 +95,9 @@ def declined() -> Optional[str]:
 
 
 def ring_chosen() -> bool:
-    """At the draft's allocation: whether its windowed layers keep a window ring."""
-    if _declared is None:
-        return False
-    if _set_aside is None:  # the cell was cut for a ring no budget set aside: refused (`check_set_aside`)
-        check_set_aside(0)
-    return True
+    """At the draft's allocation: whether its windowed layers keep a window ring (a ring no
+    budget set aside is refused there, by `check_set_aside`)."""
+    return _declared is not None
 
 
 def cell_size_hook(original, **kwargs):
