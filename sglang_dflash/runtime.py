@@ -267,9 +267,10 @@ class DraftRuntime:
         max_bs = req_to_token.shape[0]
         ring = self.window_ring(max_bs) if window_pool else None
         flashinfer_unavailable = flashinfer_attention.unavailable_reason(
-            self.config, torch.device(self.device), self.dtype, window_ring=ring is not None
+            self.config, torch.device(self.device), self.dtype
         )
-        # FlashInfer keeps each step's block K/V in scratch slots past the target's range.
+        # FlashInfer keeps each step's block K/V in scratch rows: past the target's slot range
+        # for the layers at slot ids, past the ring's sink for the windowed layers of a ring.
         scratch = 0
         if flashinfer_unavailable is None:
             scratch = flashinfer_attention.num_scratch_slots(max_bs, self.block_size)
@@ -289,6 +290,7 @@ class DraftRuntime:
                 device=self.device,
                 ring=ring,
                 windowed_layers=self.window_layers,
+                ring_scratch_rows=scratch,
             )
             self.attention, self.attention_name = self._choose_attention(
                 flashinfer_unavailable, num_slots, max_bs
@@ -303,13 +305,18 @@ class DraftRuntime:
         # window); None when every layer is windowed.
         if self.store.k.shape[0]:
             self.kv_pool = DraftKVPool(self.store, target_kv_pool, enable_memory_saver=enable_memory_saver)
+        # The most context rows a step lists per request (what bounds its page indices): under
+        # FlashInfer with every layer in a window ring, the ring's reach.
+        visible = self.context_window
+        if self.attention_name == "flashinfer":
+            visible = self.attention.longest_visible
         self.step = DraftStep(
             self.forward,
             self.head.embed,
             self.attention,
             block_size=self.block_size,
             mask_token_id=self.config.mask_token_id,
-            context_window=self.context_window,
+            context_window=visible,
         )
         self.context_check = draft_context.for_decode_engine(self.store, transfers_draft_kv, metrics)
         injection = ops.choose_inject_context_kv(self.draft_model, self.store)
@@ -411,12 +418,7 @@ class DraftRuntime:
         def graph_attention(max_size: int, plan_free_max_len: Optional[int]):
             # The plan-free layout lists up to the bound per request, whatever the context length.
             longest = max(self.context_len, plan_free_max_len or 0)
-            capacity = flashinfer_attention.kv_indices_capacity(
-                max_size, longest, self.block_size, self.context_window
-            )
-            buffers = flashinfer_attention.GraphBuffers.allocate(
-                self.config, capacity, self.attention.workspace
-            )
+            buffers = self.attention.graph_buffers(max_size, longest)
 
             def make_attention(size: int, **plan_free):
                 return self._flashinfer_attention(
@@ -430,7 +432,8 @@ class DraftRuntime:
             def make_plan_free(size: int):
                 return make_attention(size, plan_free_max_len=plan_free_max_len)
 
-            return capacity, make_attention, make_plan_free if plan_free_max_len is not None else None
+            plan_free = make_plan_free if plan_free_max_len is not None else None
+            return buffers.capacity, make_attention, plan_free
 
         return capture_in_sglang(
             self.step,

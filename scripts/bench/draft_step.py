@@ -191,8 +191,8 @@ def bench_case(model, fused, head, case: Case, args, bandwidth: float, flops: fl
     )
     eager_module, eager_fused, graphed = make_step(model), make_step(fused), make_step(fused)
     plan_free = make_step(fused)
-    capacity = fia.kv_indices_capacity(case.bs, case.context, BLOCK)
-    buffers = fia.GraphBuffers.allocate(config, capacity, eager_attention.workspace)
+    buffers = eager_attention.graph_buffers(case.bs, case.context)
+    capacity = buffers.capacity
     graphed.capture(
         [case.bs],
         lambda b: case.attention(config, b, buffers),

@@ -85,7 +85,8 @@ def kv_cache_region():
 class DraftKVStore:
     """`k`, `v` [L, num_slots, kv_heads, head_dim]: every layer's K/V at the target's slot ids;
     with a window ring (`window_ring.py`), `k`, `v` hold the full layers only, and the layers
-    `windowed_layers` are in `ring_k`, `ring_v` [L_w, ring rows, kv_heads, head_dim]."""
+    `windowed_layers` are in `ring_k`, `ring_v` [L_w, ring rows + ring_scratch_rows, kv_heads,
+    head_dim] (the scratch rows, past the sink, are FlashInfer's for each step's block)."""
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class DraftKVStore:
         device: torch.device | str,
         ring: Optional[WindowRing] = None,
         windowed_layers: Sequence[int] = (),
+        ring_scratch_rows: int = 0,
     ):
         windowed = tuple(windowed_layers) if ring is not None else ()
         full = [layer for layer in range(num_layers) if layer not in windowed]
@@ -107,7 +109,7 @@ class DraftKVStore:
         self.ring = ring if windowed else None
         self.ring_k = self.ring_v = None
         if self.ring is not None:
-            ring_shape = (len(windowed), self.ring.num_rows, num_kv_heads, head_dim)
+            ring_shape = (len(windowed), self.ring.num_rows + ring_scratch_rows, num_kv_heads, head_dim)
             self.ring_k = torch.zeros(ring_shape, dtype=dtype, device=device)  # [L_w, ring rows, ...]
             self.ring_v = torch.zeros(ring_shape, dtype=dtype, device=device)
         # layer id -> (in the ring, index in its tensor)

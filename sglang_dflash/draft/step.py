@@ -191,7 +191,9 @@ class DraftStep:
         self.attention = attention
         self.block_size = block_size
         self.mask_token_id = mask_token_id
-        self.context_window = context_window  # --speculative-draft-window-size
+        # The most context rows the attention lists per request (None: all): the draft window
+        # (--speculative-draft-window-size), or a window ring's reach where every layer is in it.
+        self.context_window = context_window
         self.graphs: dict[int, BucketGraph] = {}
         self.plan_free: dict[int, BucketGraph] = {}  # bucket -> its plan-free graph
         self.plan_free_max_len: Optional[int] = None

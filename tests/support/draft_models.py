@@ -27,7 +27,9 @@ def make_config(
     *,
     bias: bool = False,
     rope: dict = None,
+    sliding_window: int = None,
 ) -> DFlashDraftConfig:
+    """`sliding_window`: every layer a (causal) sliding one of that window."""
     raw = {
         "architectures": ["DFlashDraftModel"],
         "hidden_size": hidden,
@@ -45,18 +47,29 @@ def make_config(
     }
     if rope is not None:
         raw["rope_scaling"] = rope
+    if sliding_window is not None:
+        raw.update(layer_types=["sliding_attention"] * layers, sliding_window=sliding_window)
     return DFlashDraftConfig.from_dict(raw)
 
 
 def make_model(
-    shape: str = "small", *, bias: bool = False, rope: dict = None, seed: int = 0, device="cpu"
+    shape: str = "small",
+    *,
+    bias: bool = False,
+    rope: dict = None,
+    seed: int = 0,
+    device="cpu",
+    sliding_window: int = None,
 ) -> DFlashDraftModel:
     """A float32 draft with non-trivial norm weights and biases (so folding them matters)."""
     hidden, k, layers, heads, kv_heads, head_dim = SHAPES[shape]
     torch.manual_seed(seed)
     with torch.device(device):
         model = DFlashDraftModel(
-            make_config(hidden, layers, heads, kv_heads, head_dim, bias=bias, rope=rope), k
+            make_config(
+                hidden, layers, heads, kv_heads, head_dim, bias=bias, rope=rope, sliding_window=sliding_window
+            ),
+            k,
         )
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -19,6 +19,8 @@ from sglang_dflash.checkpoint.config import DFlashDraftConfig
 from sglang_dflash.draft import flashinfer_attention as fia
 from sglang_dflash.draft.attention import SdpaDraftAttention, planning_lens, visibility
 from sglang_dflash.draft.kv_store import DraftKVStore
+from sglang_dflash.draft.window_ring import WindowRing
+from tests.support.flashinfer_stand_in import flashinfer_mask, installed
 
 BLOCK = 16
 
@@ -91,50 +93,24 @@ def test_planning_lens_prefer_the_exact_host_lengths():
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_upper_bound_host_lengths_plan_without_split_kv(exact):
-    """The plan FlashInfer gets (CPU, with a stand-in wrapper): split-KV only on exact host
+def test_upper_bound_host_lengths_plan_without_split_kv(exact, monkeypatch):
+    """The plan FlashInfer gets (CPU, with the stand-in wrapper): split-KV only on exact host
     lengths, whose per-request chunk counts then match the kernel's (module docstring)."""
-    plans = []
-
-    class Wrapper:
-        def plan(self, *args, **kwargs):
-            plans.append((args, kwargs))
-
     config = make_config(["full_attention", "sliding_attention"], window=24)
-    attn = object.__new__(fia.FlashInferDraftAttention)  # __init__ refuses a CPU store
-    attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, 4, None
-    attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
-    attn.graph_batch_size, attn._planned, attn.plan_free_max_len = None, None, None
-    attn.store = DraftKVStore(
+    store = DraftKVStore(
         num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
     )
-    attn.kinds = [fia.layer_kind(config, i) for i in range(2)]
-    attn.wrappers = {kind: Wrapper() for kind in set(attn.kinds)}
+    with installed(monkeypatch):
+        attn = fia.FlashInferDraftAttention(config, store, scratch_base=100, max_batch_size=4)
     req_to_token, rows = make_req_to_token([3, 9], 100)
     lens = torch.tensor([3, 9])
     attn.bind(req_to_token, rows, lens, lens if exact else lens + 16, BLOCK, host_lens_exact=exact)
+    plans = [plan for w in attn.wrappers.values() for plan in w.plans]
     assert len(plans) == 2  # one per layer kind
     for args, kwargs in plans:
         assert kwargs["disable_split_kv"] is (not exact)
         assert args[1].tolist() == ([0, 19, 44] if exact else [0, 35, 76])  # host kv indptr
     assert all(w._paged_kv_indptr_buf.tolist() == [0, 19, 44] for w in attn.wrappers.values())
-
-
-def flashinfer_mask(qo_len: int, kv_len: int, causal: bool, window_left: int) -> torch.Tensor:
-    """FlashInfer's fa2 prefill mask for one request, [qo_len, kv_len] (True: may attend).
-
-    From include/flashinfer/attention/{prefill.cuh: logits_mask, variants.cuh: LogitsMask}:
-    causal keeps kv_idx + qo_len <= kv_len + q_idx; a window keeps
-    kv_idx + qo_len + window_left >= kv_len + q_idx.
-    """
-    q = torch.arange(qo_len)[:, None]
-    k = torch.arange(kv_len)[None, :]
-    keep = torch.ones(qo_len, kv_len, dtype=torch.bool)
-    if causal:
-        keep &= k + qo_len <= kv_len + q
-    if window_left >= 0:
-        keep &= k + qo_len + window_left >= kv_len + q
-    return keep
 
 
 @pytest.mark.parametrize(
@@ -181,16 +157,6 @@ def test_float32_and_other_head_sizes_take_sdpa():
     assert reason is not None and "head_dim 64, 128, 256, 512, the draft's is 16" in reason
 
 
-def test_a_window_ring_takes_sdpa():
-    """A store whose windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 on
-    CUDA): this layout lists slot ids, so SDPA reads the ring, with the reason named."""
-    config = make_config(["sliding_attention"], window=64)
-    assert fia.unavailable_reason(config, torch.device("cuda"), window_ring=True) == (
-        "the windowed layers keep a window ring (SGLANG_DFLASH_DRAFT_WINDOW_POOL=1), which this "
-        "layout does not read"
-    )
-
-
 def test_unavailable_on_cpu():
     config = make_config(["full_attention"])
     assert fia.unavailable_reason(config, torch.device("cpu")) == "the draft runs on cpu"
@@ -208,6 +174,168 @@ def test_importing_the_module_does_not_import_flashinfer():
 
 def test_scratch_size():
     assert fia.num_scratch_slots(max_batch_size=48, block_size=16) == 768
+
+
+def test_a_ring_layout_lists_ring_rows_in_position_order_then_ring_scratch():
+    """A windowed layer in a window ring: each request's last `window` positions as ring rows
+    (request slot x R + position % R), oldest first, then its block's scratch rows past the sink."""
+    ring = WindowRing(rows_per_request=8, num_requests=5)
+    context_lens = [3, 12, 30]
+    req_to_token, _ = make_req_to_token(context_lens, 500)
+    rows = torch.tensor([4, 0, 2])
+    lens = torch.tensor(context_lens)
+    base = ring.num_rows
+    layout = fia.paged_layout(req_to_token, rows, lens, lens + 2, BLOCK, base, 6, ring)
+    expected = []
+    for i, (r, c) in enumerate(zip(rows.tolist(), context_lens)):
+        expected += [r * 8 + p % 8 for p in range(max(0, c - 6), c)]
+        expected += [base + i * BLOCK + j for j in range(BLOCK)]
+    assert layout.kv_indptr.tolist() == [0, 3 + BLOCK, 9 + 2 * BLOCK, 15 + 3 * BLOCK]
+    assert layout.kv_indices[: len(expected)].tolist() == expected
+    # E.g. request slot 0 at context 12: positions 6..11 -> rows 6, 7, 0, 1, 2, 3.
+    assert expected[3 + BLOCK : 9 + BLOCK] == [6, 7, 0, 1, 2, 3]
+
+
+def random_store(cfg, num_slots: int, dtype=torch.bfloat16, device="cuda", **ring) -> DraftKVStore:
+    """A store of random K/V (`ring`: `DraftKVStore`'s window ring arguments)."""
+    store = DraftKVStore(
+        num_slots=num_slots,
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        dtype=dtype,
+        device=device,
+        **ring,
+    )
+    for t in (store.k, store.v, store.ring_k, store.ring_v):
+        if t is not None:
+            t.normal_()
+    return store
+
+
+RING_DRAFTS = {
+    # every layer sliding (causal): all in the ring, no slot-id layout
+    "all-sliding": (["sliding_attention", "sliding_attention"], 40, None, None),
+    # a full layer at slot ids, sliding ones in the ring (one non-causal)
+    "mixed": (["full_attention", "sliding_attention"], 24, False, None),
+    # --speculative-draft-window-size 32: every layer windowed, the full one too
+    "draft-window": (["full_attention", "sliding_attention"], 24, None, 32),
+}
+
+
+def ring_case(name, bs, max_bs, device="cpu", dtype=torch.float32, seed=0):
+    layer_types, window, is_causal, context_window = RING_DRAFTS[name]
+    torch.manual_seed(seed)
+    cfg = make_config(layer_types, window=window, is_causal=is_causal)
+    windowed = [i for i in range(cfg.num_hidden_layers) if cfg.layer_window(i) or context_window]
+    reach = max(min(w for w in (cfg.layer_window(i), context_window) if w) for i in windowed)
+    ring = WindowRing.for_reach(reach, BLOCK, num_requests=bs + 3)
+    target_slots = 3000
+    scratch = fia.num_scratch_slots(max_bs, BLOCK)
+    store = random_store(
+        cfg,
+        target_slots + scratch,
+        dtype,
+        device,
+        ring=ring,
+        windowed_layers=windowed,
+        ring_scratch_rows=scratch,
+    )
+    return cfg, store, target_slots, context_window
+
+
+def sdpa_on(cfg, store, context_window, req_to_token, rows, lens, q, k, v, layer_id):
+    """The oracle: `SdpaDraftAttention` over the same store (its own gather of the ring), fp32."""
+    attend = SdpaDraftAttention(cfg, store, context_window).bind(req_to_token, rows, lens, lens.cpu(), BLOCK)
+    return attend(layer_id, q, k, v)
+
+
+def committed_rows(store, target_slots):
+    """What a step must not touch: the ring's rows up to its sink, the target's slots."""
+    return store.ring_k[:, : store.ring.num_rows].clone(), store.k[:, :target_slots].clone()
+
+
+RING_MODES = ["eager", "eager-upper-bound", "split-kv-graph", "plan-free"]
+
+
+def check_ring_attention(draft, mode, device="cpu", dtype=torch.float32, tol=1e-4):
+    """FlashInfer's layouts over a window ring against SDPA's own reading of the same ring, in
+    float32: every layer, contexts shorter and much longer than the ring, padded rows (pool row
+    0, no context) in the graph modes, and nothing written but the scratch rows."""
+    context_lens = [3, 200, 41, 0] if mode in ("split-kv-graph", "plan-free") else [3, 200, 41]
+    bs = len(context_lens)
+    cfg, store, target_slots, context_window = ring_case(draft, bs, bs, device, dtype)
+    req_to_token, rows = make_req_to_token(context_lens, target_slots)
+    if bs == 4:
+        rows[-1] = 0  # a padded row
+    req_to_token, rows, lens = req_to_token.to(device), rows.to(device), torch.tensor(context_lens)
+    common = dict(scratch_base=target_slots, max_batch_size=bs, context_window=context_window)
+    eager = fia.FlashInferDraftAttention(cfg, store, **common)
+    if mode == "eager":
+        attn = eager.bind(req_to_token, rows, lens.to(device), lens, BLOCK)
+    elif mode == "eager-upper-bound":
+        attn = eager.bind(req_to_token, rows, lens.to(device), lens + 40, BLOCK, host_lens_exact=False)
+    else:
+        graph = dict(graph_batch_size=bs, graph_buffers=eager.graph_buffers(bs, 256))
+        if mode == "plan-free":
+            graph["plan_free_max_len"] = 256
+        attn = fia.FlashInferDraftAttention(cfg, store, **common, **graph)
+        if mode == "plan-free":
+            attn.plan_once(BLOCK)
+            attn.bind_on_device(req_to_token, rows, lens.to(device), BLOCK)
+        else:
+            attn.bind(req_to_token, rows, lens.to(device), lens, BLOCK)
+    assert (False in attn.sources) == (draft == "mixed")  # a slot-id layout only for full layers
+    assert attn.longest_visible == (None if draft == "mixed" else store.ring.rows_per_request - BLOCK)
+    before = committed_rows(store, target_slots)
+    n = bs * BLOCK
+    for layer_id in range(cfg.num_hidden_layers):
+        q = torch.randn(n, cfg.num_attention_heads, cfg.head_dim, device=device)
+        k, v = torch.randn(2, n, cfg.num_key_value_heads, cfg.head_dim, device=device).unbind(0)
+        got = attn(layer_id, q.to(dtype), k.to(dtype), v.to(dtype))
+        # The oracle reads the store's (rounded) K/V in float32, and the block as FlashInfer stored it.
+        k, v = k.to(dtype).float(), v.to(dtype).float()
+        want = sdpa_on(
+            cfg,
+            store,
+            context_window,
+            req_to_token,
+            rows,
+            lens.to(device),
+            q.to(dtype).float(),
+            k,
+            v,
+            layer_id,
+        )
+        torch.testing.assert_close(
+            got.float(), want, rtol=tol, atol=tol, msg=f"{draft} {mode} layer {layer_id}"
+        )
+    after = committed_rows(store, target_slots)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1]), (
+        "a step wrote past its scratch"
+    )
+
+
+@pytest.mark.parametrize("mode", RING_MODES)
+@pytest.mark.parametrize("draft", list(RING_DRAFTS))
+def test_flashinfer_over_a_window_ring_matches_sdpa(draft, mode, monkeypatch):
+    """`check_ring_attention`, with FlashInfer's paged prefill as its PyTorch stand-in
+    (`tests/support/flashinfer_stand_in.py`)."""
+    with installed(monkeypatch):
+        check_ring_attention(draft, mode)
+
+
+def test_a_ring_without_scratch_rows_is_refused(monkeypatch):
+    cfg, _, target_slots, _ = ring_case("all-sliding", 2, 2)
+    ring = WindowRing.for_reach(40, BLOCK, 5)
+    store = random_store(
+        cfg, target_slots, torch.float32, "cpu", ring=ring, windowed_layers=[0, 1], ring_scratch_rows=BLOCK
+    )
+    with (
+        installed(monkeypatch),
+        pytest.raises(ValueError, match="the window ring has 297 rows; FlashInfer draft attention needs 313"),
+    ):
+        fia.FlashInferDraftAttention(cfg, store, scratch_base=target_slots, max_batch_size=2)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -232,39 +360,36 @@ def test_a_bounded_device_layout_lists_what_the_host_sized_one_lists():
         assert kv_indices[n - BLOCK : n].tolist() == [1000 + 3 * BLOCK + j for j in range(BLOCK)]
 
 
-def plan_free_stand_in(b, bound, window=None):
-    """A plan-free attention over stand-in wrappers (`__init__` refuses a CPU store), with the
-    fixed buffers FlashInfer's graph mode gives every layer kind."""
-    plans = []
-
-    class Wrapper:
-        def plan(self, *args, **kwargs):
-            plans.append((args, kwargs))
-
+def plan_free_stand_in(b, bound, window=None, monkeypatch=None):
+    """A plan-free attention over the stand-in wrappers, with the fixed buffers FlashInfer's
+    graph mode gives every layer kind; and its wrappers' plans."""
     config = make_config(["full_attention", "sliding_attention"], window=24)
-    attn = object.__new__(fia.FlashInferDraftAttention)
-    attn.config, attn.scratch_base, attn.max_batch_size, attn.context_window = config, 100, b, window
-    attn.num_heads, attn.num_kv_heads, attn.scale, attn.q_dtype = 8, 2, 0.1, torch.bfloat16
-    attn.graph_batch_size, attn._planned, attn.plan_free_max_len = b, None, bound
-    attn.store = DraftKVStore(
+    store = DraftKVStore(
         num_slots=200, num_layers=2, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16, device="cpu"
     )
-    attn.kinds = [fia.layer_kind(config, i) for i in range(2)]
-    attn.layout_total = attn.plan_free_total(b, BLOCK)
-    indptr, indices = torch.zeros(b + 1, dtype=torch.int32), torch.zeros(attn.layout_total, dtype=torch.int32)
-    attn.wrappers = {kind: Wrapper() for kind in set(attn.kinds)}
-    for wrapper in attn.wrappers.values():
-        wrapper._paged_kv_indptr_buf, wrapper._paged_kv_indices_buf = indptr, indices
-    return attn, plans
+    with installed(monkeypatch):
+        eager = fia.FlashInferDraftAttention(config, store, scratch_base=100, max_batch_size=b)
+        attn = fia.FlashInferDraftAttention(
+            config,
+            store,
+            scratch_base=100,
+            max_batch_size=b,
+            context_window=window,
+            graph_batch_size=b,
+            graph_buffers=eager.graph_buffers(b, bound),
+            plan_free_max_len=bound,
+        )
+    return attn, [w.plans for w in attn.wrappers.values()]
 
 
-def test_a_plan_free_attention_plans_once_without_split_kv_and_binds_on_the_device():
+def test_a_plan_free_attention_plans_once_without_split_kv_and_binds_on_the_device(monkeypatch):
     """Its one plan: b empty requests of Bd rows, split-KV off, per layer kind (the work
     partition then depends on nothing else). Each step's binding plans nothing and writes the
     exact layout into the buffers the planned kernels read."""
-    attn, plans = plan_free_stand_in(b=4, bound=64)
-    assert attn.layout_total == 4 * (64 + BLOCK)
+    attn, by_wrapper = plan_free_stand_in(b=4, bound=64, monkeypatch=monkeypatch)
+    assert attn.layout_totals == {False: 4 * (64 + BLOCK)}
     attn.plan_once(BLOCK)
+    plans = [plan for wrapper_plans in by_wrapper for plan in wrapper_plans]
     assert len(plans) == 2
     for args, kwargs in plans:
         assert kwargs["disable_split_kv"] is True
@@ -283,7 +408,8 @@ def test_a_plan_free_attention_plans_once_without_split_kv_and_binds_on_the_devi
     with pytest.raises(ValueError, match="planned once"):
         attn.bind(req_to_token, rows, lens, lens, BLOCK)
     # Within a draft window the bound is the window's.
-    assert plan_free_stand_in(b=2, bound=64, window=8)[0].layout_total == 2 * (8 + BLOCK)
+    attn = plan_free_stand_in(b=2, bound=64, window=8, monkeypatch=monkeypatch)[0]
+    assert attn.layout_totals == {False: 2 * (8 + BLOCK)}
 
 
 def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtype, window=None):
@@ -305,20 +431,6 @@ def sdpa_oracle(config, store, req_to_token, rows, lens, q, k, v, layer_id, dtyp
         context_slots, torch.arange(bs, device="cuda"), lens.cuda(), lens, BLOCK
     )
     return attend(layer_id, q.to(dtype), k.to(dtype), v.to(dtype))
-
-
-def random_store(cfg, num_slots: int, dtype=torch.bfloat16) -> DraftKVStore:
-    store = DraftKVStore(
-        num_slots=num_slots,
-        num_layers=cfg.num_hidden_layers,
-        num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        dtype=dtype,
-        device="cuda",
-    )
-    store.k.normal_()
-    store.v.normal_()
-    return store
 
 
 def assert_layers_match_sdpa(attn, cfg, store, req_to_token, rows, lens, window, bs, label=()):
@@ -413,7 +525,8 @@ def test_graph_mode_grows_the_shared_workspace_for_large_buckets():
         device="cuda",
     )
     small = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-    buffers = fia.GraphBuffers.allocate(config, fia.kv_indices_capacity(b, 8, BLOCK), small)
+    eager = fia.FlashInferDraftAttention(config, store, scratch_base=64, max_batch_size=b)
+    buffers = eager.graph_buffers(b, 8, workspace=small)
     attn = fia.FlashInferDraftAttention(
         config, store, scratch_base=64, max_batch_size=b, graph_batch_size=b, graph_buffers=buffers
     )
@@ -436,8 +549,9 @@ def test_one_plan_free_plan_serves_every_later_step(window):
     b, bound = 4, 2048
     target_slots = 3 * (bound + 2 * BLOCK) * b + 8
     store = random_store(cfg, target_slots + fia.num_scratch_slots(b, BLOCK))
-    workspace = torch.empty(fia.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    buffers = fia.GraphBuffers.allocate(cfg, fia.kv_indices_capacity(b, bound, BLOCK), workspace)
+    buffers = fia.FlashInferDraftAttention(
+        cfg, store, scratch_base=target_slots, max_batch_size=b
+    ).graph_buffers(b, bound)
     attn = fia.FlashInferDraftAttention(
         cfg,
         store,
@@ -455,3 +569,11 @@ def test_one_plan_free_plan_serves_every_later_step(window):
         lens = torch.tensor(context_lens)
         attn.bind_on_device(req_to_token.cuda(), rows.cuda(), lens.cuda(), BLOCK)
         assert_layers_match_sdpa(attn, cfg, store, req_to_token, rows, lens, window, b, (seed,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", RING_MODES)
+@pytest.mark.parametrize("draft", list(RING_DRAFTS))
+def test_flashinfer_over_a_window_ring_matches_sdpa_on_cuda(draft, mode):
+    """`check_ring_attention` on FlashInfer's kernels, bf16 (head_dim 128, GQA 8/2)."""
+    check_ring_attention(draft, mode, device="cuda", dtype=torch.bfloat16, tol=2e-2)

@@ -120,10 +120,22 @@ class Setup:
     """A draft, a store of random context K/V, and a request pool whose rows are shuffled."""
 
     def __init__(
-        self, *, device="cpu", dtype=torch.float32, forward=None, num_slots=6000, pool_rows=12, shape="small"
+        self,
+        *,
+        device="cpu",
+        dtype=torch.float32,
+        forward=None,
+        num_slots=6000,
+        pool_rows=12,
+        shape="small",
+        sliding_window=None,
+        ring=None,
+        ring_scratch_rows=0,
     ):
+        """`sliding_window`: every draft layer sliding, in the window `ring` if one is given
+        (with `ring_scratch_rows` past its sink)."""
         torch.manual_seed(0)
-        self.model = make_model(shape, device=device).to(dtype)
+        self.model = make_model(shape, device=device, sliding_window=sliding_window).to(dtype)
         config = self.model.config
         self.device, self.dtype = device, dtype
         self.store = DraftKVStore(
@@ -133,9 +145,13 @@ class Setup:
             head_dim=config.head_dim,
             dtype=dtype,
             device=device,
+            ring=ring,
+            windowed_layers=range(config.num_hidden_layers) if ring is not None else (),
+            ring_scratch_rows=ring_scratch_rows,
         )
-        self.store.k.normal_()
-        self.store.v.normal_()
+        for t in (self.store.k, self.store.v, self.store.ring_k, self.store.ring_v):
+            if t is not None:
+                t.normal_()
         self.num_target_slots = num_slots
         self.req_to_token = torch.zeros(pool_rows, 2048, dtype=torch.int32, device=device)
         # Frozen, as served: a grad-requiring embedding would make every eager step record
@@ -402,6 +418,91 @@ def test_page_indices_are_counted_within_the_draft_window():
     assert graphed.eager_steps == {}
 
 
+def sliding_ring_setup(window: int, max_bs: int, **setup) -> Setup:
+    """`Setup` (`setup`: its arguments) with the draft re-declared all-sliding (`window`), its
+    layers in a window ring of the pool's request slots, with FlashInfer's scratch rows past the
+    sink."""
+    from sglang_dflash.draft import flashinfer_attention as fia
+    from sglang_dflash.draft.window_ring import WindowRing
+
+    return Setup(
+        sliding_window=window,
+        ring=WindowRing.for_reach(window, BLOCK, num_requests=12),  # Setup's pool rows
+        ring_scratch_rows=fia.num_scratch_slots(max_bs, BLOCK),  # no slot-id layers: no slot scratch
+        **setup,
+    )
+
+
+class CountedRerun(Rerun):
+    def replay(self):
+        self.count = getattr(self, "count", 0) + 1
+        super().replay()
+
+
+def ring_graphed_step(s: Setup, sizes, plan_free: int, **capture) -> DraftStep:
+    """A draft step over `s`'s ring with FlashInfer's attention, its split-KV and plan-free
+    (up to `plan_free`) graphs captured (`capture`: `DraftStep.capture`'s test options), wired
+    as the runtime wires it: the step's visible bound is the attention's `longest_visible`."""
+    from sglang_dflash.draft import flashinfer_attention as fia
+
+    config, max_bs = s.model.config, max(sizes)
+    common = dict(scratch_base=s.num_target_slots)
+    attention = fia.FlashInferDraftAttention(
+        config, s.store, max_batch_size=max_bs, q_dtype=s.dtype, **common
+    )
+    step = DraftStep(
+        s.forward,
+        s.embedding,
+        attention,
+        block_size=BLOCK,
+        mask_token_id=1,
+        context_window=attention.longest_visible,
+    )
+    buffers = attention.graph_buffers(max_bs, max(s.req_to_token.shape[1], plan_free))
+
+    def make(b, **graph):
+        return fia.FlashInferDraftAttention(
+            config, s.store, max_batch_size=b, graph_batch_size=b, graph_buffers=buffers, **common, **graph
+        )
+
+    step.capture(
+        sizes,
+        make,
+        s.req_to_token,
+        kv_indices_capacity=buffers.capacity,
+        make_plan_free=lambda b: make(b, plan_free_max_len=plan_free),
+        plan_free_max_len=plan_free,
+        **capture,
+    )
+    return step
+
+
+RING_BATCHES = [[900, 3], [5, 1500, 41], [2000, 64, 65, 1]]
+
+
+def test_flashinfer_graphs_over_a_window_ring_replay_plan_free_at_any_context(monkeypatch):
+    """Every layer sliding, in a window ring, under FlashInfer (its paged prefill's PyTorch
+    stand-in, tests/support/flashinfer_stand_in.py): the step's visible bound is the ring's
+    reach, so contexts far past the plan-free bound (64) replay the plan-free graphs; every step
+    equals SDPA's eager step over the same ring."""
+    from tests.support.flashinfer_stand_in import installed
+
+    s = sliding_ring_setup(window=40, max_bs=4)
+    with installed(monkeypatch):
+        graphed = ring_graphed_step(
+            s, [2, 4], 64, capture_context=no_stream, capture_graph=rerun_capture(CountedRerun)
+        )
+    assert graphed.context_window == 40 and graphed.kv_indices_capacity == 4 * (40 + BLOCK)
+    eager = sdpa_step(s)
+    for seed, lens in enumerate(RING_BATCHES):
+        rows, bonus, seq_lens, host = s.batch(lens, seed)
+        got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+        assert_same_step(got, eager(s.req_to_token, rows, bonus, seq_lens, host, True), rtol=1e-4, atol=1e-4)
+    assert graphed.eager_steps == {}
+    assert {b: g.graph.count for b, g in graphed.plan_free.items()} == {2: 1, 4: 2}
+    assert all(getattr(g.graph, "count", 0) == 0 for g in graphed.graphs.values())
+
+
 # ------------------------------------------------------------------ CUDA graphs (GPU)
 
 gpu = pytest.mark.gpu
@@ -435,8 +536,8 @@ def flashinfer_step(s: Setup, sizes, max_bs=8, plan_free=None):
         )
 
     eager_attention = make()
-    capacity = fia.kv_indices_capacity(max(sizes), s.req_to_token.shape[1], BLOCK)
-    buffers = fia.GraphBuffers.allocate(config, capacity, eager_attention.workspace)
+    buffers = eager_attention.graph_buffers(max(sizes), s.req_to_token.shape[1])
+    capacity = buffers.capacity
     graphed = DraftStep(s.forward, s.embedding, eager_attention, block_size=BLOCK, mask_token_id=1)
     eager = DraftStep(s.forward, s.embedding, make(), block_size=BLOCK, mask_token_id=1)
     graphed.capture(
@@ -652,3 +753,20 @@ def test_the_start_up_timing_replays_each_split_kv_graph_on_its_own_plan():
         graph.replay()
         assert plan_free[size].read == [binds]
     assert all(g.attention.binds == 0 for g in step.plan_free.values())
+
+
+@gpu
+@pytest.mark.parametrize("plan_free", [32, 2048], ids=["split-kv-past-32", "plan-free-up-to-2048"])
+def test_cuda_graphs_over_a_window_ring_equal_the_eager_sdpa_step(plan_free):
+    """Every layer sliding (window 40) in a window ring: FlashInfer's graphs against SDPA's eager
+    step over the same ring, bf16. Below the ring's reach (a plan-free bound of 32) the longer
+    contexts replay the split-KV graphs; past it (2048) every step replays a plan-free one."""
+    s = sliding_ring_setup(40, 8, device="cuda", dtype=torch.bfloat16, shape="small-hd128")
+    graphed = ring_graphed_step(s, [1, 2, 4, 8], plan_free)
+    eager = sdpa_step(s)
+    tol = dict(rtol=5e-2, atol=5e-2)  # bf16; the argmax check is the tight one
+    for seed, lens in enumerate(RING_BATCHES + BATCHES):
+        rows, bonus, seq_lens, host = s.batch(lens, seed)
+        got = graphed(s.req_to_token, rows, bonus, seq_lens, host, True)
+        assert_same_proposals(got, eager(s.req_to_token, rows, bonus, seq_lens, host, True), tol)
+    assert graphed.eager_steps == {}
