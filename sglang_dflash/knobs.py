@@ -202,8 +202,8 @@ REGISTRY: tuple[Knob, ...] = (
          "window_pool",
          "auto: the draft's windowed layers keep each request's last window + block only where that gives "
          "the target's pool more tokens and the server serves it (CPU; docs/serving.md), the choice logged; "
-         "1: always, on CUDA too (SDPA, no draft graphs), refused by name where it cannot; 0: K/V for "
-         "every token"),
+         "1: always, on CUDA too (FlashInfer over the ring, not yet run on a GPU), refused by name where "
+         "it cannot; 0: K/V for every token"),
     Knob("SGLANG_DFLASH_DRAFT_CUDA_GRAPH", SERVING, SWITCH, True, "draft/step.py", "draft_graphs",
          "the draft step replays CUDA graphs where it can (0: always eager)"),
     Knob("SGLANG_DFLASH_DRAFT_PLAN_FREE_MAX_LEN", SERVING, PLAN_FREE, PLAN_FREE_MAX_LEN, "draft/step.py",

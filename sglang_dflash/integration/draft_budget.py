@@ -245,11 +245,13 @@ def why_not_window_pool(
 def why_auto_declines(device_type: str) -> Optional[str]:
     """Why SGLANG_DFLASH_DRAFT_WINDOW_POOL=auto keeps K/V for every token on a server the ring
     could serve (None: it may keep the ring, where the pool gains: `available_bytes_hook`).
-    On CUDA the ring is read by PyTorch SDPA, eagerly: FlashInfer's draft attention and the draft
-    step's CUDA graphs list slot ids, not ring rows. Memory for speed is the user's trade."""
+    On CUDA FlashInfer's draft attention and the draft step's CUDA graphs read the ring
+    (`draft/flashinfer_attention.py`), tested on CPU against SDPA through a PyTorch stand-in of
+    FlashInfer's paged prefill; their GPU tests (`make gpu-check-tests`) have not run yet, so
+    the ring stays the user's choice there until they have."""
     if device_type == "cuda":
         return (
-            "on CUDA the window ring is read by PyTorch SDPA without FlashInfer or the draft's CUDA "
-            "graphs; SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 trades that speed for the memory"
+            "on CUDA the window ring's FlashInfer layout has not run on a GPU yet (make "
+            "gpu-check-tests); SGLANG_DFLASH_DRAFT_WINDOW_POOL=1 serves it"
         )
     return None
